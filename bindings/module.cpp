@@ -1,0 +1,203 @@
+// Python bindings of the core (module ftcomm._C). This layer only converts: Python objects to
+// pointers and lengths, core Status to ftcomm exceptions, and it releases the GIL around every
+// call that may block. Buffers arrive as (address, element count, dtype code) triples prepared
+// by ftcomm/_buffers.py, which owns the numpy/torch/CuPy specifics.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <mpi.h>
+#include <mpi4py/mpi4py.h>
+
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "collectives/allreduce_step.h"
+#include "core/communicator.h"
+#include "core/mpi_compat.h"
+#include "core/watchdog.h"
+#include "fault/injection.h"
+
+namespace py = pybind11;
+using ftcomm::Communicator;
+using ftcomm::Status;
+using ftcomm::StatusCode;
+
+namespace {
+
+// Raises the ftcomm exception for a non-OK status (classes live in ftcomm/errors.py).
+void ThrowIfError(const Status& s) {
+  if (s.ok()) return;
+  py::object from_status = py::module_::import("ftcomm.errors").attr("from_status");
+  py::object exc = from_status(static_cast<int>(s.code), s.message, s.failed_ranks, s.step);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw py::error_already_set();
+}
+
+MPI_Comm CommFromMpi4py(py::object obj) {
+  MPI_Comm* comm = PyMPIComm_Get(obj.ptr());
+  if (comm == nullptr) throw py::error_already_set();
+  return *comm;
+}
+
+// A Python-owned handle around a core communicator.
+struct PyCommunicator {
+  std::unique_ptr<Communicator> core;
+};
+
+using Triple = std::tuple<uintptr_t, size_t, int>;  // (address, count, dtype code)
+
+std::vector<ftcomm::RingBuffer> ToRingBuffers(const std::vector<Triple>& triples) {
+  std::vector<ftcomm::RingBuffer> out;
+  out.reserve(triples.size());
+  for (const Triple& t : triples) {
+    if (!ftcomm::ValidDType(std::get<2>(t))) throw py::value_error("invalid dtype code");
+    ftcomm::RingBuffer b;
+    b.data = reinterpret_cast<char*>(std::get<0>(t));
+    b.count = std::get<1>(t);
+    b.dtype = static_cast<ftcomm::DType>(std::get<2>(t));
+    out.push_back(b);
+  }
+  return out;
+}
+
+PyCommunicator Create(py::object mpi4py_comm, double timeout_s) {
+  MPI_Comm parent = CommFromMpi4py(mpi4py_comm);
+  PyCommunicator out;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = Communicator::Create(parent, timeout_s, &out.core);
+  }
+  ThrowIfError(s);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "ftcomm core: ULFM communicators and fault-aware collectives";
+  if (import_mpi4py() < 0) throw py::error_already_set();
+
+  m.def("ft_compiled_in", &ftcomm::FtCompiledIn, "True if built against an MPI with ULFM");
+  m.def("ft_enabled", &ftcomm::FtEnabled, "True if this job runs with ULFM switched on (MPIX_FT)");
+  m.def("mpi_library_version", &ftcomm::MpiLibraryVersion);
+
+  py::class_<PyCommunicator>(m, "Communicator")
+      .def_static("create", &Create, py::arg("mpi4py_comm"), py::arg("timeout"))
+      .def_property_readonly("rank", [](const PyCommunicator& c) { return c.core->rank(); })
+      .def_property_readonly("size", [](const PyCommunicator& c) { return c.core->size(); })
+      .def_property_readonly("world_ranks",
+                             [](const PyCommunicator& c) { return c.core->world_ranks(); })
+      .def_property_readonly("ft_enabled",
+                             [](const PyCommunicator& c) { return c.core->ft_enabled(); })
+      .def_property_readonly("is_revoked",
+                             [](const PyCommunicator& c) { return c.core->IsRevoked(); })
+      .def_property("last_committed_step",
+                    [](const PyCommunicator& c) { return c.core->last_committed_step(); },
+                    [](PyCommunicator& c, int64_t s) { c.core->set_last_committed_step(s); })
+      .def_property_readonly("has_recovered",
+                             [](const PyCommunicator& c) { return c.core->has_recovered(); })
+      .def("mpi_comm",
+           [](PyCommunicator& c) {
+             PyObject* obj = PyMPIComm_New(c.core->handle());
+             if (obj == nullptr) throw py::error_already_set();
+             return py::reinterpret_steal<py::object>(obj);
+           })
+      .def("revoke", [](PyCommunicator& c) { ThrowIfError(c.core->Revoke()); })
+      .def("failed_ranks",
+           [](PyCommunicator& c) {
+             std::vector<int> out;
+             ThrowIfError(c.core->FailedRanks(&out));
+             return out;
+           })
+      .def("barrier",
+           [](PyCommunicator& c, double timeout) {
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.core->Barrier(timeout);
+             }
+             ThrowIfError(s);
+           })
+      .def("agree",
+           [](PyCommunicator& c, int flag, double timeout) {
+             Status s;
+             bool saw_failure = false;
+             {
+               py::gil_scoped_release release;
+               s = c.core->Agree(&flag, timeout, &saw_failure);
+             }
+             ThrowIfError(s);
+             return std::make_tuple(flag, saw_failure);
+           })
+      .def("shrink",
+           [](PyCommunicator& c, double timeout) {
+             PyCommunicator out;
+             std::vector<int> old_to_new;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.core->Shrink(timeout, &out.core, &old_to_new);
+             }
+             ThrowIfError(s);
+             return std::make_tuple(std::move(out), old_to_new);
+           })
+      .def("take_recovered",
+           [](PyCommunicator& c) {
+             PyCommunicator out;
+             std::vector<int> old_to_new;
+             out.core = c.core->TakeRecovered(&old_to_new);
+             return std::make_tuple(std::move(out), old_to_new);
+           })
+      .def("allreduce",
+           [](PyCommunicator& c, const std::vector<Triple>& buffers, int op, int64_t step,
+              double timeout, size_t chunk_bytes, int problem) {
+             if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
+             std::vector<ftcomm::RingBuffer> rings = ToRingBuffers(buffers);
+             ftcomm::AllreduceStepOptions opt;
+             opt.op = static_cast<ftcomm::ReduceOp>(op);
+             opt.step = step;
+             opt.timeout_s = timeout;
+             opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
+             opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
+             ftcomm::AllreduceStepResult result;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = ftcomm::AllreduceStep(*c.core, rings, opt, &result);
+             }
+             ThrowIfError(s);
+             return result.replayed;
+           },
+           py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
+           py::arg("chunk_bytes"), py::arg("problem"));
+
+  m.def("fault_add",
+        [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk,
+           int kind) {
+          ftcomm::fault::Spec spec;
+          spec.point = point;
+          spec.world_rank = world_rank;
+          spec.step = step;
+          spec.ring_step = ring_step;
+          spec.chunk = chunk;
+          spec.kind = static_cast<ftcomm::fault::Kind>(kind);
+          ftcomm::fault::Add(spec);
+        });
+  m.def("fault_clear", &ftcomm::fault::Clear);
+  m.def("fault_point",
+        [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk) {
+          ftcomm::fault::Point(point.c_str(), world_rank, step, ring_step, chunk);
+        },
+        py::arg("point"), py::arg("world_rank"), py::arg("step"), py::arg("ring_step") = -1,
+        py::arg("chunk") = -1);
+
+  m.def("watchdog_arm",
+        [](double seconds, const std::string& what, bool exit_clean) {
+          return ftcomm::watchdog::Arm(seconds, what,
+                                       exit_clean ? ftcomm::watchdog::Action::kExitClean
+                                                  : ftcomm::watchdog::Action::kKillSelf);
+        });
+  m.def("watchdog_disarm", &ftcomm::watchdog::Disarm);
+}

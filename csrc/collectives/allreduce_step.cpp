@@ -1,0 +1,230 @@
+#include "collectives/allreduce_step.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "fault/injection.h"
+
+namespace ftcomm {
+namespace {
+
+// Reusable scratch (undo log and staging), grown on demand and kept for the next step: large
+// allocations would otherwise page-fault on every call.
+class Scratch {
+ public:
+  char* Get(size_t bytes) {
+    if (bytes > capacity_) {
+      data_.reset(new char[bytes]);
+      capacity_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t capacity_ = 0;
+};
+
+Scratch& UndoScratch() {
+  static Scratch s;
+  return s;
+}
+Scratch& StagingScratch() {
+  static Scratch s;
+  return s;
+}
+
+const char* ProblemText(int code) {
+  switch (static_cast<InputProblem>(code)) {
+    case InputProblem::kNone: return "no problem";
+    case InputProblem::kNotContiguous: return "a buffer is not contiguous";
+    case InputProblem::kReadOnly: return "a buffer is read-only";
+    case InputProblem::kUnsupportedDType: return "a buffer has an unsupported dtype";
+    case InputProblem::kUnsupportedOp: return "the reduction op is not supported";
+    case InputProblem::kNotABuffer: return "an argument is not an array or tensor";
+    case InputProblem::kMixedDevices: return "host and device buffers are mixed in one step";
+  }
+  return "invalid input";
+}
+
+// Fields compared across ranks. Each is sent as (v, -v) under MPI_MAX, which yields the max and
+// the min in one small allreduce.
+enum Field { kStep, kOp, kNumBuffers, kLayoutHash, kTotalCount, kProblem, kProblemRank, kFields };
+
+uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, dtype) pairs
+  for (const RingBuffer& b : buffers) {
+    for (uint64_t v : {static_cast<uint64_t>(b.count), static_cast<uint64_t>(b.dtype)}) {
+      h ^= v;
+      h *= 1099511628211ull;
+    }
+  }
+  return h >> 2;  // keep it positive as an int64 so that its negation is representable
+}
+
+Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
+                const AllreduceStepOptions& opt, const Deadline& deadline) {
+  int64_t local[kFields];
+  size_t total = 0;
+  for (const RingBuffer& b : buffers) total += b.count;
+  local[kStep] = opt.step;
+  local[kOp] = static_cast<int64_t>(opt.op);
+  local[kNumBuffers] = static_cast<int64_t>(buffers.size());
+  local[kLayoutHash] = static_cast<int64_t>(LayoutHash(buffers));
+  local[kTotalCount] = static_cast<int64_t>(total);
+  local[kProblem] = static_cast<int64_t>(opt.local_problem);
+  local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
+  if (opt.step <= comm.last_committed_step()) {
+    local[kProblem] = 100;  // a step that goes backwards
+    local[kProblemRank] = comm.rank();
+  }
+  int64_t send[2 * kFields], recv[2 * kFields];
+  for (int i = 0; i < kFields; ++i) {
+    send[i] = local[i];
+    send[kFields + i] = -local[i];
+  }
+  MPI_Request req;
+  int rc = MPI_Iallreduce(send, recv, 2 * kFields, MPI_INT64_T, MPI_MAX, comm.handle(), &req);
+  if (rc != MPI_SUCCESS) return comm.Classify(rc, "allreduce validation");
+  Status s = comm.Wait(&req, 1, deadline, "allreduce validation");
+  if (!s.ok()) {
+    comm.Drain(&req, 1);
+    return s;
+  }
+  auto max_of = [&](int f) { return recv[f]; };
+  auto min_of = [&](int f) { return -recv[kFields + f]; };
+
+  std::string why;
+  if (max_of(kProblem) == 100) {
+    why = "rank " + std::to_string(max_of(kProblemRank)) + " passed step " +
+          std::to_string(opt.step) + ", which is not after the last committed step " +
+          std::to_string(comm.last_committed_step()) + " (steps must increase)";
+  } else if (max_of(kProblem) != 0) {
+    why = "rank " + std::to_string(max_of(kProblemRank)) + " rejected its input: " +
+          ProblemText(static_cast<int>(max_of(kProblem)));
+  } else if (min_of(kStep) != max_of(kStep)) {
+    why = "ranks passed different step ids (from " + std::to_string(min_of(kStep)) + " to " +
+          std::to_string(max_of(kStep)) + ")";
+  } else if (min_of(kOp) != max_of(kOp)) {
+    why = "ranks passed different reduction ops";
+  } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
+    why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
+          " to " + std::to_string(max_of(kNumBuffers)) + ")";
+  } else if (min_of(kTotalCount) != max_of(kTotalCount)) {
+    why = "ranks passed buffers of different lengths (from " + std::to_string(min_of(kTotalCount)) +
+          " to " + std::to_string(max_of(kTotalCount)) + " elements)";
+  } else if (min_of(kLayoutHash) != max_of(kLayoutHash)) {
+    why = "ranks passed buffers of different lengths or dtypes";
+  }
+  if (why.empty()) return Status::Ok();
+  Status err = Status::Error(StatusCode::kInvalidInput, "allreduce step " + std::to_string(opt.step) +
+                                                            ": " + why);
+  return err;
+}
+
+// Agreement bits: a set bit means "all is well" so that the AND clears it if any rank objects.
+constexpr int kBitCompleted = 1;
+constexpr int kBitNoTimeout = 2;
+
+Status Abort(Communicator& comm, std::vector<RingAllreduce>& rings, int agreed_flag,
+             const AllreduceStepOptions& opt, Status local) {
+  for (RingAllreduce& ring : rings) ring.Undo();
+  Status out;
+  if (!comm.ft_enabled()) {
+    out = local.ok() ? Status::Error(StatusCode::kMpiError, "a peer aborted the allreduce") : local;
+    out.step = opt.step;
+    return out;
+  }
+  comm.Revoke();
+  std::unique_ptr<Communicator> shrunk;
+  std::vector<int> old_to_new;
+  Status s = comm.Shrink(opt.timeout_s, &shrunk, &old_to_new);
+  if (!s.ok()) {
+    s.step = opt.step;
+    return s;
+  }
+  std::vector<int> failed;
+  for (size_t r = 0; r < old_to_new.size(); ++r) {
+    if (old_to_new[r] < 0) failed.push_back(static_cast<int>(r));
+  }
+  comm.set_recovered(std::move(shrunk), old_to_new);
+  std::string what = "allreduce step " + std::to_string(opt.step) + " aborted, buffers unchanged";
+  if (!failed.empty()) {
+    std::string list;
+    for (size_t i = 0; i < failed.size(); ++i) list += (i ? ", " : "") + std::to_string(failed[i]);
+    out = Status::Error(StatusCode::kProcFailed, what + ": rank(s) [" + list + "] failed");
+    out.failed_ranks = failed;
+  } else if (!(agreed_flag & kBitNoTimeout)) {
+    out = Status::Error(StatusCode::kTimeout, what + ": a rank's deadline passed (" +
+                                                  std::to_string(opt.timeout_s) + " s)");
+  } else {
+    out = Status::Error(StatusCode::kRevoked, what + ": the communicator was revoked");
+  }
+  out.step = opt.step;
+  return out;
+}
+
+}  // namespace
+
+Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
+                     const AllreduceStepOptions& opt, AllreduceStepResult* result) {
+  result->replayed = false;
+  if (opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone) {
+    result->replayed = true;
+    return Status::Ok();
+  }
+  if (comm.IsRevoked()) {
+    Status s = Status::Error(StatusCode::kRevoked,
+                             "allreduce on a revoked communicator: call recover() first");
+    s.step = opt.step;
+    return s;
+  }
+  const Deadline deadline(opt.timeout_s);
+  const int world_rank = comm.world_ranks()[comm.rank()];
+  fault::Point("before", world_rank, opt.step);
+
+  std::vector<RingAllreduce> rings;
+  Status local = Validate(comm, buffers, opt, deadline);
+  if (local.code == StatusCode::kInvalidInput) {
+    local.step = opt.step;
+    return local;  // uniform: every rank saw the same validation result
+  }
+  if (local.ok()) {
+    size_t total = 0, staging_bytes = 0;
+    for (const RingBuffer& b : buffers) {
+      total += b.count * ElementSize(b.dtype);
+      staging_bytes = std::max(staging_bytes, RingAllreduce::StagingElements(b.count, comm.size()) *
+                                                  ElementSize(b.dtype));
+    }
+    char* undo = UndoScratch().Get(total);
+    char* staging = StagingScratch().Get(staging_bytes);
+    rings.reserve(buffers.size());
+    size_t undo_offset = 0;
+    for (const RingBuffer& b : buffers) {
+      rings.emplace_back(comm, b, opt.op, opt.chunk_bytes, opt.step, undo + undo_offset, staging);
+      undo_offset += b.count * ElementSize(b.dtype);
+      local = rings.back().Run(deadline);
+      if (!local.ok()) break;
+    }
+  }
+  // A rank that failed locally revokes, so peers blocked in the ring leave it too.
+  if (!local.ok() && comm.ft_enabled()) comm.Revoke();
+
+  fault::Point("commit", world_rank, opt.step);
+  int flag = (local.ok() ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout);
+  bool saw_failure = false;
+  Status agreed = comm.Agree(&flag, opt.timeout_s, &saw_failure);
+  if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
+    comm.set_last_committed_step(opt.step);
+    return Status::Ok();
+  }
+  if (!agreed.ok()) {
+    for (RingAllreduce& ring : rings) ring.Undo();
+    agreed.step = opt.step;
+    return agreed;  // the agreement itself timed out: no uniform outcome is possible
+  }
+  return Abort(comm, rings, flag, opt, local);
+}
+
+}  // namespace ftcomm

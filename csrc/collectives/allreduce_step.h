@@ -1,0 +1,50 @@
+// One allreduce step under the commit protocol:
+//   1. validate: a small allreduce checks that every rank passes the same step id, op, buffer
+//      count, lengths and dtypes, and that no rank rejected its own input. A mismatch is a
+//      uniform kInvalidInput error on every rank, before any byte of a buffer is touched.
+//   2. ring: a RingAllreduce per buffer of the bucket, in place with an undo log.
+//   3. agree: one ULFM agreement (MPIX_Comm_agree) on "every rank completed every ring".
+//   4. commit (keep the results, record the step) or abort (undo every buffer, then revoke and
+//      shrink so that all survivors report the same failed ranks; the shrunk communicator waits
+//      in Communicator::TakeRecovered).
+// A step id equal to the last committed one is a replay: a no-op with no communication.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "collectives/dtype.h"
+#include "collectives/ring_allreduce.h"
+#include "core/communicator.h"
+#include "core/status.h"
+
+namespace ftcomm {
+
+// Why a rank rejects its own input; carried in the validation message so every rank can name
+// the offending rank and reason. The values are mirrored by ftcomm/_errors.py.
+enum class InputProblem : int {
+  kNone = 0,
+  kNotContiguous = 1,
+  kReadOnly = 2,
+  kUnsupportedDType = 3,
+  kUnsupportedOp = 4,
+  kNotABuffer = 5,
+  kMixedDevices = 6,
+};
+
+struct AllreduceStepOptions {
+  ReduceOp op = ReduceOp::kSum;
+  int64_t step = 0;
+  double timeout_s = 60.0;
+  size_t chunk_bytes = 1 << 20;
+  InputProblem local_problem = InputProblem::kNone;
+};
+
+struct AllreduceStepResult {
+  bool replayed = false;  // the step had already committed: nothing was done
+};
+
+Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
+                     const AllreduceStepOptions& options, AllreduceStepResult* result);
+
+}  // namespace ftcomm

@@ -1,0 +1,170 @@
+#include "collectives/reduce_kernels.h"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace ftcomm {
+namespace {
+
+// Storage types. _Float16 is native in GCC >= 12 and Clang >= 15 on x86-64 and AArch64.
+using half_t = _Float16;
+struct bf16_t {
+  uint16_t bits;
+};
+
+inline float BF16ToFloat(bf16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline bf16_t FloatToBF16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((bits >> 16) | 0x40)};  // NaN stays NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return bf16_t{static_cast<uint16_t>(bits >> 16)};
+}
+
+// Widening: the type arithmetic happens in, and the conversions to and from storage.
+template <typename T> struct Arith { using type = T; };
+template <> struct Arith<half_t> { using type = float; };
+template <> struct Arith<bf16_t> { using type = float; };
+
+template <typename T> inline typename Arith<T>::type Load(T v) { return v; }
+inline float Load(half_t v) { return static_cast<float>(v); }
+inline float Load(bf16_t v) { return BF16ToFloat(v); }
+
+template <typename T> inline T Store(typename Arith<T>::type v) { return v; }
+template <> inline half_t Store<half_t>(float v) { return static_cast<half_t>(v); }
+template <> inline bf16_t Store<bf16_t>(float v) { return FloatToBF16(v); }
+
+// Integer sums and products wrap around (two's complement) instead of being undefined.
+template <typename A> inline A Add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+template <typename A> inline A Mul(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+// Min and max propagate NaN, as numpy's minimum and maximum do.
+template <typename A> inline A Min(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return b < a ? b : a;
+}
+template <typename A> inline A Max(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return a < b ? b : a;
+}
+
+template <ReduceOp Op, typename A> inline A Apply(A a, A b) {
+  if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) return Add(a, b);
+  if constexpr (Op == ReduceOp::kMin) return Min(a, b);
+  if constexpr (Op == ReduceOp::kMax) return Max(a, b);
+  if constexpr (Op == ReduceOp::kProd) return Mul(a, b);
+}
+
+template <typename T, ReduceOp Op>
+void ReduceLoop(const T* __restrict in, T* __restrict inout, size_t n) {
+  for (size_t i = 0; i < n; ++i) inout[i] = Store<T>(Apply<Op>(Load(in[i]), Load(inout[i])));
+}
+
+template <typename T, ReduceOp Op>
+void ReduceUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict undo, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const T old = inout[i];
+    undo[i] = old;
+    inout[i] = Store<T>(Apply<Op>(Load(in[i]), Load(old)));
+  }
+}
+
+template <typename T>
+void ScaleLoop(T* buf, size_t n, int divisor) {
+  using A = typename Arith<T>::type;
+  if constexpr (std::is_integral_v<A>) {
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<A>(divisor));
+  } else {
+    const A inv = A(1) / static_cast<A>(divisor);
+    // Multiplying by the reciprocal rounds differently from dividing; divide for exactness
+    // where the divisor is not a power of two.
+    if ((divisor & (divisor - 1)) == 0) {
+      for (size_t i = 0; i < n; ++i) buf[i] = Store<T>(Load(buf[i]) * inv);
+    } else {
+      const A d = static_cast<A>(divisor);
+      for (size_t i = 0; i < n; ++i) buf[i] = Store<T>(Load(buf[i]) / d);
+    }
+  }
+}
+
+// Calls fn.template operator()<T>() with the storage type of `dtype`.
+template <typename Fn>
+void DispatchType(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(float{}); break;
+    case DType::kFloat64: fn(double{}); break;
+    case DType::kFloat16: fn(half_t{}); break;
+    case DType::kBFloat16: fn(bf16_t{}); break;
+    case DType::kInt32: fn(int32_t{}); break;
+    case DType::kInt64: fn(int64_t{}); break;
+  }
+}
+
+template <typename Fn>
+void DispatchOp(ReduceOp op, Fn&& fn) {
+  switch (op) {
+    case ReduceOp::kSum: fn(std::integral_constant<ReduceOp, ReduceOp::kSum>{}); break;
+    case ReduceOp::kAvg: fn(std::integral_constant<ReduceOp, ReduceOp::kAvg>{}); break;
+    case ReduceOp::kMin: fn(std::integral_constant<ReduceOp, ReduceOp::kMin>{}); break;
+    case ReduceOp::kMax: fn(std::integral_constant<ReduceOp, ReduceOp::kMax>{}); break;
+    case ReduceOp::kProd: fn(std::integral_constant<ReduceOp, ReduceOp::kProd>{}); break;
+  }
+}
+
+}  // namespace
+
+void ReduceInto(DType dtype, ReduceOp op, const void* in, void* inout, size_t n) {
+  DispatchType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DispatchOp(op, [&](auto op_tag) {
+      ReduceLoop<T, decltype(op_tag)::value>(static_cast<const T*>(in), static_cast<T*>(inout), n);
+    });
+  });
+}
+
+void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
+                        size_t n) {
+  DispatchType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DispatchOp(op, [&](auto op_tag) {
+      ReduceUndoLoop<T, decltype(op_tag)::value>(static_cast<const T*>(in), static_cast<T*>(inout),
+                                                 static_cast<T*>(undo), n);
+    });
+  });
+}
+
+void ScaleForAvg(DType dtype, void* buf, size_t n, int divisor) {
+  if (divisor == 1) return;
+  DispatchType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    ScaleLoop<T>(static_cast<T*>(buf), n, divisor);
+  });
+}
+
+}  // namespace ftcomm

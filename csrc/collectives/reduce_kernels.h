@@ -1,0 +1,27 @@
+// Host reduction kernels: tight loops over raw arrays that the compiler vectorises, one
+// instantiation per (dtype, op), chosen once per call (never per element).
+//
+// float16 and bfloat16 are widened to float32 for each operation and rounded back (round to
+// nearest even), so one reduction step loses at most half an ulp of the 16-bit type.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/dtype.h"
+
+namespace ftcomm {
+
+// inout[i] = op(in[i], inout[i]) for i < n. Avg reduces as a sum; see ScaleForAvg.
+void ReduceInto(DType dtype, ReduceOp op, const void* in, void* inout, size_t n);
+
+// The same, and first copies each old inout[i] into undo[i]: the undo log of the commit
+// protocol is written while the input is read anyway, which costs one write stream and no
+// extra read of the user's buffer.
+void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
+                        size_t n);
+
+// buf[i] /= divisor, for the final step of an average. Integer types divide and truncate
+// toward zero, as C does.
+void ScaleForAvg(DType dtype, void* buf, size_t n, int divisor);
+
+}  // namespace ftcomm

@@ -1,0 +1,78 @@
+// Ring allreduce over one host buffer, in place, with an undo log: reduce-scatter then
+// allgather, N-1 ring steps each (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms
+// for clusters of workstations", JPDC 2009). The buffer is cut into N segments and each segment
+// into chunks; the send of chunk c for ring step t+1 is posted as soon as chunk c of step t is
+// reduced, so communication of one chunk overlaps the reduction of the next.
+//
+// Commit support: the first write to any element of the user's buffer is preceded by saving its
+// old value in the undo log (fused into the reduction loop), so Undo() restores the buffer
+// exactly after an aborted collective. The caller decides commit or abort (see allreduce_step.h).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "collectives/dtype.h"
+#include "core/communicator.h"
+#include "core/deadline.h"
+#include "core/status.h"
+
+namespace ftcomm {
+
+struct RingBuffer {
+  char* data = nullptr;   // the user's buffer (host memory), count * ElementSize(dtype) bytes
+  size_t count = 0;       // elements
+  DType dtype = DType::kFloat32;
+};
+
+class RingAllreduce {
+ public:
+  // `undo` must hold count elements, `staging` two segments (2 * ceil(count / N) elements).
+  RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp op, size_t chunk_bytes,
+                int64_t step, char* undo, char* staging);
+
+  // Runs the ring. On error every request has been drained and the buffer may be partly
+  // written: call Undo().
+  Status Run(const Deadline& deadline);
+  // Restores every element written by Run from the undo log.
+  void Undo();
+
+  static size_t StagingElements(size_t count, int world_size) {
+    return 2 * ((count + world_size - 1) / world_size);
+  }
+
+ private:
+  bool IsReduceScatter(int t) const { return t < n_ - 1; }
+  int SendSegment(int t) const;
+  int RecvSegment(int t) const;
+  size_t SegmentOffset(int seg) const;  // elements
+  size_t SegmentLength(int seg) const;  // elements
+  size_t ChunkCount(int seg) const;
+  void ChunkRange(int seg, size_t c, size_t* offset, size_t* length) const;
+  char* RecvTarget(int t, size_t c);
+
+  Status PostRecvs(int t);
+  Status PostSend(int t, size_t c);
+  bool SendsFromSegmentDone(int seg);
+  Status WaitSendsFromSegment(int seg, const Deadline& deadline);
+  void FaultPoint(int t, size_t c) const;
+  Status Fail(Status s);
+
+  Communicator& comm_;
+  RingBuffer buf_;
+  ReduceOp op_;
+  int64_t step_;
+  char* undo_;
+  char* staging_;
+  int n_, rank_, left_, right_;
+  size_t esize_, chunk_elems_, staging_slot_elems_;
+  std::vector<MPI_Request> recvs_[2];     // per staging slot (ring step parity)
+  std::vector<bool> recvs_posted_;        // per ring step
+  std::vector<MPI_Request> sends_;
+  std::vector<std::vector<size_t>> segment_sends_;  // indices into sends_
+  std::vector<size_t> saved_;             // per segment: elements saved in the undo log
+};
+
+}  // namespace ftcomm

@@ -1,0 +1,65 @@
+#include "fault/injection.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+
+namespace ftcomm {
+namespace fault {
+namespace {
+
+std::mutex g_mu;
+std::vector<Spec> g_specs;
+std::atomic<bool> g_any{false};
+
+bool Matches(const Spec& s, const char* point, int world_rank, int64_t step, int ring_step,
+             int chunk) {
+  return s.point == point && (s.world_rank < 0 || s.world_rank == world_rank) &&
+         (s.step < 0 || s.step == step) && (s.ring_step < 0 || s.ring_step == ring_step) &&
+         (s.chunk < 0 || s.chunk == chunk);
+}
+
+[[noreturn]] void Fail(const Spec& s, int world_rank, int64_t step) {
+  static const char* kNames[] = {"kill", "exit", "hang", "stop"};
+  std::fprintf(stderr, "ftcomm: fault injection: %s rank %d at %s (step %lld)\n",
+               kNames[static_cast<int>(s.kind)], world_rank, s.point.c_str(),
+               static_cast<long long>(step));
+  std::fflush(stderr);
+  switch (s.kind) {
+    case Kind::kKill: kill(getpid(), SIGKILL); break;
+    case Kind::kExit: _exit(1);
+    case Kind::kStop: kill(getpid(), SIGSTOP); break;
+    case Kind::kHang: break;
+  }
+  for (;;) pause();
+}
+
+}  // namespace
+
+void Add(const Spec& spec) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_specs.push_back(spec);
+  g_any = true;
+}
+
+void Clear() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_specs.clear();
+  g_any = false;
+}
+
+bool Any() { return g_any; }
+
+void Point(const char* point, int world_rank, int64_t step, int ring_step, int chunk) {
+  if (!g_any) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const Spec& s : g_specs) {
+    if (Matches(s, point, world_rank, step, ring_step, chunk)) Fail(s, world_rank, step);
+  }
+}
+
+}  // namespace fault
+}  // namespace ftcomm

@@ -1,0 +1,82 @@
+"""Turns user buffers (numpy arrays, torch tensors) into what the core takes: (address, element
+count, dtype code) triples. A buffer the core cannot take is not an exception here: it becomes an
+"input problem" code that the rank still brings to the collective, so that every rank raises the
+same InvalidInputError instead of the others waiting for it (see csrc/collectives/allreduce_step.h).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dtypes import DTYPE_CODES
+
+# Mirrors ftcomm::InputProblem.
+NONE, NOT_CONTIGUOUS, READ_ONLY, UNSUPPORTED_DTYPE, UNSUPPORTED_OP, NOT_A_BUFFER, MIXED_DEVICES = range(7)
+
+_PROBLEM_TEXT = {
+    NOT_CONTIGUOUS: "is not contiguous",
+    READ_ONLY: "is read-only",
+    UNSUPPORTED_DTYPE: "has an unsupported dtype (use float32, float64, float16, bfloat16, int32 or int64)",
+    NOT_A_BUFFER: "is not a numpy array or torch tensor",
+    MIXED_DEVICES: "is on a device this build cannot reduce",
+}
+
+
+@dataclass
+class HostBuffers:
+    triples: list = field(default_factory=list)  # (address, count, dtype code)
+    problem: int = NONE
+    detail: str = ""
+    keepalive: list = field(default_factory=list)
+
+
+def _torch_tensor_type():
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.Tensor if torch is not None else None
+
+
+def _describe_numpy(arr: np.ndarray):
+    code = DTYPE_CODES.get(arr.dtype.name)
+    if code is None:
+        return None, UNSUPPORTED_DTYPE
+    if not arr.flags.c_contiguous:
+        return None, NOT_CONTIGUOUS
+    if not arr.flags.writeable:
+        return None, READ_ONLY
+    return (arr.ctypes.data, arr.size, code), NONE
+
+
+def _describe_torch(t):
+    if t.device.type != "cpu":
+        return None, MIXED_DEVICES
+    code = DTYPE_CODES.get(str(t.dtype).replace("torch.", ""))
+    if code is None:
+        return None, UNSUPPORTED_DTYPE
+    if not t.is_contiguous():
+        return None, NOT_CONTIGUOUS
+    return (t.data_ptr(), t.numel(), code), NONE
+
+
+def describe(buffers) -> HostBuffers:
+    """Describes one buffer or a list/tuple of buffers (a bucket reduced as one step)."""
+    items = list(buffers) if isinstance(buffers, (list, tuple)) else [buffers]
+    out = HostBuffers()
+    tensor_type = _torch_tensor_type()
+    for i, item in enumerate(items):
+        if isinstance(item, np.ndarray):
+            triple, problem = _describe_numpy(item)
+        elif tensor_type is not None and isinstance(item, tensor_type):
+            triple, problem = _describe_torch(item)
+        else:
+            triple, problem = None, NOT_A_BUFFER
+        if problem != NONE:
+            out.problem = problem
+            out.detail = f"buffer {i} ({type(item).__name__}) {_PROBLEM_TEXT[problem]}"
+            out.triples = []
+            return out
+        out.triples.append(triple)
+        out.keepalive.append(item)
+    return out

@@ -1,0 +1,235 @@
+"""ftcomm.Communicator: a fault-tolerant communicator over an mpi4py communicator.
+
+The recovery verbs follow the ULFM chapter of the MPI Forum draft (mpi-forum/mpi-issues#20):
+revoke (MPIX_Comm_revoke), shrink (MPIX_Comm_shrink), agree (MPIX_Comm_agree), failure ack
+(MPIX_Comm_ack_failed / MPIX_Comm_get_failed). They are called from the C++ core, never through
+mpi4py, whose fallbacks are not fault tolerant. Every blocking call has a deadline: the
+``timeout`` argument, else FTCOMM_TIMEOUT (default 60 s).
+"""
+from __future__ import annotations
+
+from . import _buffers, _C, _runtime, config
+from .dtypes import op_code
+from .errors import ProcFailedError, UlfmUnavailableError
+
+_ULFM_HINT = (
+    "MPI runs without ULFM. Launch with `ftcomm-run -n N ...` (Open MPI: mpirun --with-ft ulfm); "
+    "see mpi_configs/README.md."
+)
+
+
+def _timeout(timeout):
+    value = config.default_timeout() if timeout is None else float(timeout)
+    if not value > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return value
+
+
+class Communicator:
+    """A communicator whose collectives survive rank failures.
+
+    Args:
+        comm: an ``mpi4py.MPI.Comm`` (intra-communicator); default ``MPI.COMM_WORLD``. It is
+            duplicated, so ftcomm's traffic and error handler never touch the caller's.
+        timeout: deadline in seconds for the duplication (collective over ``comm``).
+
+    Raises:
+        ProcFailedError: a rank died while the communicator was created.
+        CollectiveTimeoutError: a rank did not join within ``timeout``.
+    """
+
+    def __init__(self, comm=None, *, timeout: float | None = None, _core=None):
+        if _core is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD if comm is None else comm
+            _core = _C.Communicator.create(comm, _timeout(timeout))
+        self._core = _core
+        self.old_to_new: list[int] | None = None  # set on a communicator made by shrink/recover
+        self._mpi_comm = None
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank in the communicator (0 .. size-1)."""
+        return self._core.rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks (the world size of this communicator)."""
+        return self._core.size
+
+    @property
+    def world_ranks(self) -> list[int]:
+        """MPI_COMM_WORLD rank of each rank of this communicator."""
+        return list(self._core.world_ranks)
+
+    @property
+    def world_rank(self) -> int:
+        """This process's MPI_COMM_WORLD rank (stable across shrinks)."""
+        return self._core.world_ranks[self._core.rank]
+
+    @property
+    def ft_enabled(self) -> bool:
+        """True when MPI runs with ULFM on (the MPIX_FT attribute of MPI_COMM_WORLD)."""
+        return self._core.ft_enabled
+
+    @property
+    def mpi_comm(self):
+        """An mpi4py communicator for the same MPI communicator (for baselines and debugging;
+        traffic on it is not fault tolerant)."""
+        if self._mpi_comm is None:
+            self._mpi_comm = self._core.mpi_comm()
+        return self._mpi_comm
+
+    @property
+    def last_committed_step(self) -> int:
+        """Step id of the last committed collective (-1 before the first)."""
+        return self._core.last_committed_step
+
+    def __repr__(self) -> str:
+        return f"<ftcomm.Communicator rank {self.rank} of {self.size}, last committed step {self.last_committed_step}>"
+
+    # -- ULFM verbs ----------------------------------------------------------------------
+    def _require_ft(self, verb: str) -> None:
+        if not self.ft_enabled:
+            raise UlfmUnavailableError(f"{verb}: {_ULFM_HINT}")
+
+    def revoke(self) -> None:
+        """Revokes the communicator: every pending and later operation on it fails with
+        RevokedError on every rank. Local, returns at once.
+
+        Raises:
+            UlfmUnavailableError: MPI runs without ULFM.
+        """
+        self._require_ft("revoke")
+        self._core.revoke()
+
+    @property
+    def is_revoked(self) -> bool:
+        """True once any rank revoked the communicator and this rank learned of it."""
+        return self._core.is_revoked
+
+    def failed_ranks(self) -> list[int]:
+        """Acknowledges the failures this rank knows of and returns the failed ranks, sorted, in
+        this communicator's numbering. Local: other ranks may know more or less.
+
+        Raises:
+            UlfmUnavailableError: MPI runs without ULFM.
+        """
+        self._require_ft("failed_ranks")
+        return list(self._core.failed_ranks())
+
+    def agree(self, flag: int, timeout: float | None = None) -> int:
+        """Bitwise AND of ``flag`` (a non-negative int below 2**31) over the live ranks; every live
+        rank gets the same value, even when a rank dies during the call (its contribution is
+        then left out). Without ULFM it is an allreduce and assumes nobody fails.
+
+        Raises:
+            CollectiveTimeoutError: no agreement within ``timeout`` seconds.
+            RevokedError, ProcFailedError: only if failures keep arriving during the call.
+        """
+        if not 0 <= int(flag) < 2**31:
+            raise ValueError(f"flag must be in [0, 2**31), not {flag}")
+        value, _saw_failure = self._core.agree(int(flag), _timeout(timeout))
+        return value
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Blocks until every rank arrives.
+
+        Raises:
+            ProcFailedError, RevokedError: a rank failed or the communicator was revoked.
+            CollectiveTimeoutError: not every rank arrived within ``timeout`` seconds.
+        """
+        self._core.barrier(_timeout(timeout))
+
+    def shrink(self, timeout: float | None = None) -> "Communicator":
+        """A new communicator over the live ranks, ranks consecutive and in the old order
+        (MPIX_Comm_shrink). Collective over the survivors. ``result.old_to_new[r]`` is the new rank
+        of old rank r, -1 for a failed one. MPI cannot interrupt a shrink: past ``timeout`` the
+        watchdog kills this rank, so that a stuck rank cannot hold the others forever.
+
+        Raises:
+            UlfmUnavailableError: MPI runs without ULFM.
+        """
+        self._require_ft("shrink")
+        core, old_to_new = self._core.shrink(_timeout(timeout))
+        return self._adopt(core, old_to_new)
+
+    def recover(self, timeout: float | None = None) -> "Communicator":
+        """After a failed collective: revokes (if not yet revoked), shrinks and returns the
+        communicator over the survivors, with this one's step ledger. If the failed collective
+        already shrank (it does, to agree on the failed ranks), returns that communicator.
+
+        Raises:
+            UlfmUnavailableError: MPI runs without ULFM.
+        """
+        self._require_ft("recover")
+        if self._core.has_recovered:
+            core, old_to_new = self._core.take_recovered()
+            return self._adopt(core, old_to_new)
+        if not self._core.is_revoked:
+            self._core.revoke()
+        return self.shrink(timeout)
+
+    def _adopt(self, core, old_to_new) -> "Communicator":
+        new = Communicator(_core=core)
+        new.old_to_new = list(old_to_new)
+        _runtime.record_lost(w for w, n in zip(self.world_ranks, old_to_new) if n < 0)
+        return new
+
+    # -- collectives ---------------------------------------------------------------------
+    def allreduce(self, buffers, op: str = "sum", step: int | None = None,
+                  timeout: float | None = None, chunk_bytes: int | None = None) -> int:
+        """Fault-aware ring allreduce, in place, committed as one step.
+
+        Args:
+            buffers: a contiguous, writable numpy array or torch CPU tensor, or a list of them
+                (a bucket reduced as one step). dtypes: float32, float64, float16, bfloat16 (each
+                operation in float32, rounded back), int32, int64 (wrapping). Any length.
+            op: "sum", "avg", "min", "max" or "prod". avg on integers truncates toward zero.
+            step: the step id; default last committed + 1. A step equal to the last committed one
+                is a replay: a no-op, no communication, the buffer keeps the committed result.
+                A step below it, or different between ranks, is an error on every rank.
+            timeout: deadline in seconds for the whole step.
+            chunk_bytes: pipelining chunk of the ring, bytes (default FTCOMM_CHUNK_BYTES, 1 MiB).
+
+        Returns:
+            The step id committed (or replayed).
+
+        Raises:
+            InvalidInputError: on every rank, when any rank passed a bad buffer, op or step, or
+                ranks disagree on lengths or dtypes. No buffer was touched.
+            ProcFailedError: a rank died. Every survivor raises it with the same ``step`` and
+                ``failed_ranks``, its buffers bitwise as before the call. ``recover()`` then gives
+                the communicator on which to retry the step.
+            RevokedError: the communicator was revoked (by a failure elsewhere); same rules.
+            CollectiveTimeoutError: a peer stopped answering within ``timeout``.
+
+        Algorithm: reduce-scatter then allgather around the ring (Patarasuk & Yuan, JPDC 2009),
+        pipelined by chunk; commit by one ULFM agreement (docs/DESIGN.md).
+        """
+        bufs = _buffers.describe(buffers)
+        code = op_code(op)
+        problem = bufs.problem
+        if code is None and problem == _buffers.NONE:
+            problem = _buffers.UNSUPPORTED_OP
+        if step is None:
+            step = self.last_committed_step + 1
+        replayed = self._core.allreduce(
+            bufs.triples, code or 0, int(step), _timeout(timeout),
+            int(chunk_bytes or config.chunk_bytes()), problem,
+        )
+        del replayed
+        return int(step)
+
+    # mpi4py-style capitalised alias for users who think in MPI names.
+    Allreduce = allreduce
+
+
+def world(timeout: float | None = None) -> Communicator:
+    """A Communicator over MPI_COMM_WORLD."""
+    return Communicator(timeout=timeout)
+
+
+__all__ = ["Communicator", "world", "ProcFailedError"]

@@ -1,0 +1,66 @@
+"""Fault injection: make a rank fail at a named point of the protocol.
+
+Specs come from the FTCOMM_FAULT environment variable (read at import) or from ``inject()``. A
+spec is a comma-separated list of key=value pairs; several specs are separated by ';'::
+
+    FTCOMM_FAULT="rank=2,point=allgather,step=3,ring_step=1,chunk=0,kind=kill"
+
+Keys: ``rank`` (MPI_COMM_WORLD rank; default every rank), ``point`` (required), ``step``,
+``ring_step``, ``chunk`` (default any), ``kind`` = kill (SIGKILL, default), exit (exit status 1),
+hang (sleeps forever), stop (SIGSTOP).
+
+Points in the allreduce: ``before`` (before any communication), ``reduce_scatter`` and
+``allgather`` (after receiving chunk ``chunk`` of ring step ``ring_step``), ``commit`` (just before
+the commit agreement). The training layer adds ``replicate``, ``shrink``, ``rebuild`` and
+``train_step`` (see docs/FAULTS.md).
+"""
+from __future__ import annotations
+
+import os
+
+from . import _C
+
+KINDS = {"kill": 0, "exit": 1, "hang": 2, "stop": 3}
+_INT_KEYS = ("rank", "step", "ring_step", "chunk")
+
+
+def parse(text: str) -> list[dict]:
+    """Parses FTCOMM_FAULT syntax into a list of dicts. Raises ValueError on a malformed spec."""
+    specs = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        spec = {"rank": -1, "step": -1, "ring_step": -1, "chunk": -1, "kind": "kill"}
+        for item in filter(None, (i.strip() for i in part.split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in (*_INT_KEYS, "point", "kind"):
+                raise ValueError(f"FTCOMM_FAULT: cannot read {item!r} in {part!r}")
+            spec[key] = int(value) if key in _INT_KEYS else value.strip()
+        if "point" not in spec:
+            raise ValueError(f"FTCOMM_FAULT: {part!r} names no point")
+        if spec["kind"] not in KINDS:
+            raise ValueError(f"FTCOMM_FAULT: kind must be one of {sorted(KINDS)}, not {spec['kind']!r}")
+        specs.append(spec)
+    return specs
+
+
+def inject(point: str, rank: int = -1, step: int = -1, ring_step: int = -1, chunk: int = -1,
+           kind: str = "kill") -> None:
+    """Arms a fault: world rank ``rank`` fails with ``kind`` when it reaches ``point``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}")
+    _C.fault_add(point, rank, step, ring_step, chunk, KINDS[kind])
+
+
+def clear() -> None:
+    """Disarms every fault."""
+    _C.fault_clear()
+
+
+def point(name: str, world_rank: int, step: int) -> None:
+    """A fault point in Python code (the training layer's phases)."""
+    _C.fault_point(name, world_rank, step)
+
+
+def load_from_env() -> None:
+    for spec in parse(os.environ.get("FTCOMM_FAULT", "")):
+        inject(spec["point"], spec["rank"], spec["step"], spec["ring_step"], spec["chunk"], spec["kind"])

