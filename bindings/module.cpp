@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/allreduce_step.h"
+#include "collectives/exchange.h"
 #include "core/communicator.h"
 #include "core/mpi_compat.h"
 #include "core/watchdog.h"
@@ -172,6 +173,30 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
            py::arg("chunk_bytes"), py::arg("problem"));
+
+  m.def("exchange",
+        [](PyCommunicator& c, const std::vector<std::tuple<int, uintptr_t, size_t>>& sends,
+           const std::vector<std::tuple<int, uintptr_t, size_t>>& recvs, int tag, double timeout) {
+          auto convert = [](const std::vector<std::tuple<int, uintptr_t, size_t>>& in) {
+            std::vector<ftcomm::Transfer> out;
+            for (const auto& t : in) {
+              ftcomm::Transfer x;
+              x.peer = std::get<0>(t);
+              x.data = reinterpret_cast<char*>(std::get<1>(t));
+              x.bytes = std::get<2>(t);
+              out.push_back(x);
+            }
+            return out;
+          };
+          std::vector<ftcomm::Transfer> s_in = convert(sends), r_in = convert(recvs);
+          Status s;
+          {
+            py::gil_scoped_release release;
+            s = ftcomm::Exchange(*c.core, s_in, r_in, tag, timeout);
+          }
+          ThrowIfError(s);
+        },
+        py::arg("comm"), py::arg("sends"), py::arg("recvs"), py::arg("tag"), py::arg("timeout"));
 
   m.def("fault_add",
         [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk,

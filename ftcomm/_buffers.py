@@ -80,3 +80,33 @@ def describe(buffers) -> HostBuffers:
         out.triples.append(triple)
         out.keepalive.append(item)
     return out
+
+
+def raw(buf, writable: bool):
+    """(address, nbytes) of a contiguous numpy array or CPU torch tensor, for point-to-point.
+
+    Raises:
+        InvalidInputError: the buffer is not contiguous host memory (or not writable when
+            ``writable``). Point-to-point calls are local, so this is raised on this rank only.
+    """
+    from .errors import InvalidInputError
+
+    described = describe(buf) if not isinstance(buf, (bytes, bytearray, memoryview)) else None
+    if isinstance(buf, np.ndarray) and buf.dtype.name not in DTYPE_CODES:
+        # point-to-point moves bytes: any dtype will do
+        if not buf.flags.c_contiguous or (writable and not buf.flags.writeable):
+            raise InvalidInputError("buffer must be contiguous" + (" and writable" if writable else ""))
+        return buf.ctypes.data, buf.nbytes
+    if described is None or described.problem != NONE:
+        detail = described.detail if described is not None else "bytes objects are not supported"
+        raise InvalidInputError(detail)
+    if writable and isinstance(buf, np.ndarray) and not buf.flags.writeable:
+        raise InvalidInputError("receive buffer is read-only")
+    addr, count, _ = described.triples[0]
+    return addr, count * _itemsize(buf)
+
+
+def _itemsize(buf) -> int:
+    if isinstance(buf, np.ndarray):
+        return buf.itemsize
+    return buf.element_size()

