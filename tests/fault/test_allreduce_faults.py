@@ -1,0 +1,59 @@
+"""Issue 3's fault cases: a rank killed at each injection point of the allreduce. Every survivor
+raises the same error (same step, same failed ranks), its buffer bitwise unchanged; the retry
+after recover() equals the reference over the survivors, bitwise identical on every survivor;
+a replay of the committed step is a no-op."""
+import pytest
+
+from harness import JOBS, run_job
+
+COUNT = 10007  # 3 chunks per segment at 4096-byte chunks and 4 ranks
+
+
+def points(n):
+    last = n - 2
+    return [
+        ("before", {}),
+        ("reduce_scatter", {"ring_step": 0, "chunk": 0}),
+        ("reduce_scatter", {"ring_step": last, "chunk": 1}),
+        ("allgather", {"ring_step": 0, "chunk": 0}),
+        ("allgather", {"ring_step": last, "chunk": 2}),
+        ("commit", {}),
+    ]
+
+
+CASES = [(n, victim, point, where) for n in (2, 3, 4) for victim in sorted({0, n - 1, 1})
+         for point, where in points(n)]
+# Keep the job count sensible: every point at 4 ranks, a sample at 2 and 3.
+CASES = [c for c in CASES if c[0] == 4 or c[2] in ("reduce_scatter", "allgather")]
+
+
+def spec(victim, point, where):
+    parts = [f"rank={victim}", f"point={point}", "step=1"] + [f"{k}={v}" for k, v in where.items()]
+    return ",".join(parts)
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("n,victim,point,where", CASES,
+                         ids=[f"n{c[0]}-kill{c[1]}-{c[2]}-{'-'.join(map(str, c[3].values()))}" for c in CASES])
+def test_kill_at_point_leaves_buffers_and_retries(n, victim, point, where):
+    dtype, op = ("float32", "sum") if n != 3 else ("int64", "prod")
+    job = run_job(JOBS / "allreduce_fault.py", n, COUNT, dtype, op,
+                  env={"FTCOMM_FAULT": spec(victim, point, where)}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    survivors = [r for r in range(n) if r != victim]
+    reports = job.by_rank()
+    assert sorted(reports) == survivors, job.describe()
+    errors = [rep["error"] for rep in reports.values()]
+    assert all(e is not None for e in errors), errors
+    assert all(e == errors[0] for e in errors), f"survivors disagree: {errors}"
+    assert errors[0]["type"] == "ProcFailedError"
+    assert errors[0]["step"] == 1
+    assert errors[0]["failed_ranks"] == [victim]
+    assert errors[0]["unchanged"] is True
+    digests = {rep["digest"] for rep in reports.values()}
+    assert len(digests) == 1, "retry results differ between survivors"
+    for rep in reports.values():
+        assert rep["size"] == n - 1
+        assert rep["correct"] is True
+        assert rep["replay_noop"] is True
+        assert rep["last_committed"] == 1

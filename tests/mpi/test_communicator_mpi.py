@@ -1,0 +1,117 @@
+"""Failure-free multi-rank tests in the pytest-mpi style:
+
+    ftcomm-run -n 4 python -m pytest --with-mpi tests/mpi
+
+Every test runs on every rank; without --with-mpi they are skipped. Values are checked against
+numpy references; results are compared across ranks through an allgather of digests."""
+import hashlib
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.fixture(scope="module")
+def comm():
+    import ftcomm
+
+    return ftcomm.Communicator()
+
+
+def _same_on_every_rank(comm, array) -> bool:
+    digest = np.frombuffer(hashlib.blake2b(array.tobytes(), digest_size=8).digest(), np.int64).copy()
+    every = np.zeros(comm.size, np.int64)
+    comm.allgather(digest, every)
+    return bool(np.all(every == every[0]))
+
+
+def test_rank_and_size_match_mpi(comm):
+    from mpi4py import MPI
+
+    assert comm.size == MPI.COMM_WORLD.Get_size()
+    assert comm.rank == MPI.COMM_WORLD.Get_rank()
+    assert comm.world_ranks == list(range(comm.size))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64"])
+@pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
+def test_allreduce_matches_numpy(comm, dtype, op):
+    n = comm.size
+    inputs = [np.random.default_rng([r, 7]).integers(1, 3 if op == "prod" else 9, 1001).astype(dtype)
+              for r in range(n)]
+    buf = inputs[comm.rank].copy()
+    comm.allreduce(buf, op=op, chunk_bytes=512)
+    stack = np.stack(inputs).astype(np.float64)
+    ref = {"sum": stack.sum(0), "min": stack.min(0), "max": stack.max(0), "prod": stack.prod(0),
+           "avg": np.trunc(stack.sum(0) / n) if dtype.startswith("int") else stack.sum(0) / n}[op]
+    if op == "avg" and not dtype.startswith("int"):
+        np.testing.assert_allclose(buf.astype(np.float64), ref, rtol=2e-3)
+    else:
+        np.testing.assert_array_equal(buf.astype(np.float64), ref)
+    assert _same_on_every_rank(comm, buf)
+
+
+def test_bucket_of_buffers_is_one_step(comm):
+    a = np.full(17, comm.rank + 1, np.float32)
+    b = np.full(3, comm.rank + 1, np.int64)
+    before = comm.last_committed_step
+    step = comm.allreduce([a, b], op="sum")
+    total = comm.size * (comm.size + 1) // 2
+    assert step == before + 1 == comm.last_committed_step
+    np.testing.assert_array_equal(a, np.full(17, total, np.float32))
+    np.testing.assert_array_equal(b, np.full(3, total, np.int64))
+
+
+def test_replay_of_committed_step_is_a_noop(comm):
+    buf = np.full(5, comm.rank + 1.0)
+    step = comm.allreduce(buf)
+    committed = buf.copy()
+    comm.allreduce(buf, step=step)  # same step: no communication, buffer kept
+    np.testing.assert_array_equal(buf, committed)
+
+
+def test_bad_input_fails_on_every_rank(comm):
+    import ftcomm
+
+    # Only rank 1 passes a read-only buffer; every rank must raise, none may hang.
+    buf = np.ones(8, np.float32)
+    if comm.rank == 1:
+        buf.flags.writeable = False
+    with pytest.raises(ftcomm.InvalidInputError, match="rank 1 rejected its input: a buffer is read-only"):
+        comm.allreduce(buf, timeout=20)
+    # Lengths that differ between ranks.
+    with pytest.raises(ftcomm.InvalidInputError, match="different lengths"):
+        comm.allreduce(np.ones(4 + comm.rank, np.float32), timeout=20)
+    # A step id that goes backwards, on one rank only.
+    step = comm.last_committed_step
+    with pytest.raises(ftcomm.InvalidInputError):
+        comm.allreduce(np.ones(2), step=step - 1 if comm.rank == 0 else step + 1, timeout=20)
+    # Nothing was lost: the communicator still works and the ledger did not move.
+    assert comm.last_committed_step == step
+    ok = np.ones(3)
+    comm.allreduce(ok)
+    np.testing.assert_array_equal(ok, np.full(3, float(comm.size)))
+
+
+def test_agree_is_the_and_of_flags(comm):
+    flag = 0b1111 & ~(1 << (comm.rank % 4))
+    expected = 0b1111
+    for r in range(comm.size):
+        expected &= ~(1 << (r % 4))
+    assert comm.agree(flag) == expected
+
+
+def test_allgather_and_broadcast(comm):
+    out = np.zeros(comm.size * 3, np.int32)
+    comm.allgather(np.full(3, comm.rank, np.int32), out)
+    np.testing.assert_array_equal(out, np.repeat(np.arange(comm.size, dtype=np.int32), 3))
+    buf = np.arange(6.0) if comm.rank == comm.size - 1 else np.zeros(6)
+    comm.broadcast(buf, root=comm.size - 1)
+    np.testing.assert_array_equal(buf, np.arange(6.0))
+
+
+def test_barrier_and_timeout_argument_checked(comm):
+    comm.barrier(timeout=30)
+    with pytest.raises(ValueError):
+        comm.barrier(timeout=0)

@@ -1,0 +1,65 @@
+import os
+
+import pytest
+
+from ftcomm import run
+
+
+def dry_run(capsys, *argv):
+    assert run.main(["--dry-run", *argv]) == 0
+    return capsys.readouterr().out.split()
+
+
+def test_dry_run_switches_ulfm_on_with_fault_tolerant_transports(capsys):
+    cmd = dry_run(capsys, "-n", "4", "python", "train.py", "--lr", "0.1")
+    assert cmd[0].endswith("mpirun")
+    assert cmd[cmd.index("--with-ft") + 1] == "ulfm"
+    assert cmd[cmd.index("-n") + 1] == "4"
+    mca = {cmd[i + 1]: cmd[i + 2] for i, w in enumerate(cmd) if w == "--mca"}
+    assert mca["pml"] == "ob1"
+    assert mca["btl"] == "self,sm,tcp"
+    assert "han" in mca["coll"]
+    assert "--oversubscribe" in cmd
+    assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
+    assert cmd[-3:] == ["train.py", "--lr", "0.1"]  # python became this interpreter
+    assert cmd[-4].endswith("python") or "python" in cmd[-4]
+
+
+def test_hostfile_mca_override_and_no_ft(capsys):
+    cmd = dry_run(capsys, "-n", "8", "--hostfile", "hosts", "--mca", "btl", "self,tcp", "--no-ft", "./a.out")
+    assert cmd[cmd.index("--hostfile") + 1] == "hosts"
+    assert "--with-ft" not in cmd
+    btl = [cmd[i + 2] for i, w in enumerate(cmd) if w == "--mca" and cmd[i + 1] == "btl"]
+    assert btl == ["self,tcp"]
+    assert cmd[-1] == "./a.out"
+
+
+def test_mpich_uses_hydra_without_auto_cleanup(capsys, tmp_path, monkeypatch):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(run, "find_launcher", lambda mpi: str(fake))
+    cmd = dry_run(capsys, "-n", "2", "--mpi", "mpich", "prog")
+    assert "-disable-auto-cleanup" in cmd
+    assert cmd[cmd.index("-genv") + 1:cmd.index("-genv") + 3] == ["MPIR_CVAR_ENABLE_FT", "1"]
+
+
+def test_bad_arguments_exit_with_usage():
+    with pytest.raises(SystemExit):
+        run.main(["-n", "0", "prog"])
+    with pytest.raises(SystemExit):
+        run.main(["-n", "2"])
+
+
+def test_mca_file_parser_rejects_garbage(tmp_path):
+    f = tmp_path / "x.conf"
+    f.write_text("# comment\npml = ob1\nnot a setting\n")
+    with pytest.raises(ValueError, match="x.conf:3"):
+        run.read_mca_file(f)
+
+
+def test_summary_counts_lost_ranks(tmp_path):
+    (tmp_path / "rank0.json").write_text('{"world_rank": 0, "pid": 1, "lost": [2]}')
+    (tmp_path / "rank1.json").write_text('{"world_rank": 1, "pid": 2, "lost": [2]}')
+    assert run.summarize(str(tmp_path), 4) == ([0, 1], [2, 3])

@@ -1,0 +1,73 @@
+"""One process, no mpirun (an MPI singleton, ULFM off): everything works failure-free and the
+recovery verbs say how to get ULFM."""
+import numpy as np
+import pytest
+
+import ftcomm
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return ftcomm.Communicator()
+
+
+def test_singleton_is_size_one_without_ft(comm):
+    assert (comm.rank, comm.size) == (0, 1)
+    assert comm.ft_enabled is False
+    assert ftcomm.ft_compiled_in() is True
+
+
+@pytest.mark.parametrize("verb", ["revoke", "shrink", "failed_ranks", "recover"])
+def test_recovery_verbs_raise_ulfm_unavailable(comm, verb):
+    with pytest.raises(ftcomm.UlfmUnavailableError, match="ftcomm-run"):
+        getattr(comm, verb)()
+
+
+def test_allreduce_of_one_rank_is_identity_and_avg_divides_by_one(comm):
+    buf = np.array([1.5, -2.0, 3.0], np.float32)
+    comm.allreduce(buf, op="avg")
+    np.testing.assert_array_equal(buf, [1.5, -2.0, 3.0])
+
+
+def test_torch_tensor_and_bfloat16(comm):
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16)
+    comm.allreduce(t, op="max")
+    assert t.tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.ones((4, 4), np.float32)[:, 1], "not contiguous"),
+    (np.ones(3, np.complex64), "unsupported dtype"),
+    ([1.0, 2.0], "not an array or tensor"),
+])
+def test_bad_buffers_are_rejected_with_the_reason(comm, bad, message):
+    with pytest.raises(ftcomm.InvalidInputError, match=message):
+        comm.allreduce(bad)
+
+
+def test_unknown_op_is_rejected(comm):
+    with pytest.raises(ftcomm.InvalidInputError, match="op is not supported"):
+        comm.allreduce(np.ones(2), op="median")
+
+
+def test_steps_must_increase(comm):
+    step = comm.allreduce(np.ones(2))
+    with pytest.raises(ftcomm.InvalidInputError, match="steps must increase"):
+        comm.allreduce(np.ones(2), step=step - 1)
+    assert comm.allreduce(np.ones(2), step=step) == step  # replay is fine
+
+
+def test_agree_and_barrier_without_ulfm(comm):
+    assert comm.agree(0b1011) == 0b1011
+    comm.barrier()
+    with pytest.raises(ValueError):
+        comm.agree(-1)
+
+
+def test_errors_carry_step_and_failed_ranks():
+    exc = ftcomm.errors.from_status(1, "boom", [2, 3], 7)
+    assert isinstance(exc, ftcomm.ProcFailedError) and isinstance(exc, ftcomm.FtError)
+    assert (exc.step, exc.failed_ranks) == (7, [2, 3])
+    assert isinstance(ftcomm.errors.from_status(3, "slow", [], -1), TimeoutError)
+    assert isinstance(ftcomm.errors.from_status(5, "bad", [], 1), ValueError)
