@@ -1,0 +1,158 @@
+"""Allreduce bandwidth: ftcomm (commit on) against MPI_Allreduce (mpi4py, on the same
+communicator) and torch.distributed's gloo, in the same job, interleaved.
+
+    ftcomm-run -n 4 python benchmarks/allreduce.py            # 4 KiB .. 256 MiB
+    ftcomm-run -n 2 python benchmarks/allreduce.py --max-size 64M
+
+For each size (float32, op sum) every implementation runs `--reps` rounds in rotating order;
+a round's time is the slowest rank's (MPI_MAX). Reported: the median round time, algbw = bytes /
+time, busbw = algbw x 2(N-1)/N (the bytes each rank must move in a ring, so busbw is comparable
+across world sizes), and ftcomm's busbw as a ratio to MPI's and gloo's. Writes
+results/allreduce_n{N}.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import ftcomm
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("IB")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def init_gloo(mpi_comm):
+    """A gloo process group over the same ranks (rendezvous on localhost, port from rank 0)."""
+    import torch.distributed as dist
+
+    port = None
+    if mpi_comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = mpi_comm.bcast(port, root=0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=mpi_comm.Get_rank(), world_size=mpi_comm.Get_size())
+    return dist
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--min-size", default="4K", help="smallest buffer, bytes (K/M/G suffixes)")
+    p.add_argument("--max-size", default="256M", help="largest buffer, bytes")
+    p.add_argument("--reps", type=int, default=5, help="rounds per implementation and size")
+    p.add_argument("--chunk-bytes", type=parse_size, default=None, help="ftcomm ring chunk size")
+    p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
+    p.add_argument("--out", default="results", help="directory for JSON and PNG")
+    args = p.parse_args()
+
+    comm = ftcomm.Communicator()
+    mpi_comm = comm.mpi_comm
+    from mpi4py import MPI
+
+    n = comm.size
+    dist = None if args.no_gloo else init_gloo(MPI.COMM_WORLD)
+    sizes = []
+    size = parse_size(args.min_size)
+    while size <= parse_size(args.max_size):
+        sizes.append(size)
+        size *= 4
+
+    def timed(fn) -> float:
+        comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - t0
+        return mpi_comm.allreduce(elapsed, op=MPI.MAX)
+
+    rows = []
+    for nbytes in sizes:
+        buf = np.zeros(nbytes // 4, np.float32)  # zeros stay zeros: no overflow over many rounds
+        impls = {
+            "ftcomm": lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes),
+            "mpi": lambda: mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+        }
+        if dist is not None:
+            import torch
+
+            tensor = torch.from_numpy(buf)
+            impls["gloo"] = lambda: dist.all_reduce(tensor)
+        reps = max(args.reps, min(50, (4 << 20) // nbytes))  # more rounds for small sizes
+        times = {name: [] for name in impls}
+        for name, fn in impls.items():
+            fn()  # warm-up: page faults, scratch allocation, connections
+        for rep in range(reps):
+            order = list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]
+            for name in order:
+                times[name].append(timed(impls[name]))
+        row = {"bytes": nbytes, "world_size": n}
+        for name, ts in times.items():
+            t = statistics.median(ts)
+            algbw = nbytes / t / 1e9
+            row[name] = {"time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n}
+        row["ratio_vs_mpi"] = row["ftcomm"]["busbw_GBps"] / row["mpi"]["busbw_GBps"]
+        if "gloo" in row:
+            row["ratio_vs_gloo"] = row["ftcomm"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
+        rows.append(row)
+        if comm.rank == 0:
+            print_row(row, header=len(rows) == 1)
+
+    if comm.rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"allreduce_n{n}.json").write_text(json.dumps(rows, indent=1))
+        plot(rows, out / f"allreduce_n{n}.png")
+        print(f"wrote {out}/allreduce_n{n}.json and .png")
+
+
+def print_row(row, header):
+    names = [k for k in ("ftcomm", "mpi", "gloo") if k in row]
+    if header:
+        print(f"{'size':>10} | " + " | ".join(f"{k + ' busbw GB/s':>18}" for k in names)
+              + " | ftcomm/mpi | ftcomm/gloo", flush=True)
+    cells = " | ".join(f"{row[k]['busbw_GBps']:18.3f}" for k in names)
+    gloo = f"{row['ratio_vs_gloo']:11.2f}" if "ratio_vs_gloo" in row else f"{'-':>11}"
+    print(f"{human(row['bytes']):>10} | {cells} | {row['ratio_vs_mpi']:10.2f} | {gloo}", flush=True)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes = [r["bytes"] for r in rows]
+    for name in ("ftcomm", "mpi", "gloo"):
+        if name in rows[0]:
+            ax.plot(sizes, [r[name]["busbw_GBps"] for r in rows], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("buffer size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"allreduce, {rows[0]['world_size']} ranks, float32 sum")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
