@@ -70,6 +70,24 @@ def find_nvcc():
     return nvcc
 
 
+def find_cudart_static_dir(nvcc):
+    """The folder holding libcudart_static.a. nvcc may be a wrapper script outside the toolkit
+    (e.g. /usr/local/bin/nvcc), so also ask nvcc where its toolkit is (`nvcc --dryrun` prints TOP)."""
+    tops = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), str(Path(nvcc).resolve().parent.parent)]
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True)
+        for line in (out.stdout + out.stderr).splitlines():
+            if "TOP=" in line:
+                tops.insert(0, line.split("TOP=", 1)[1].strip().strip('"'))
+    except OSError:
+        pass
+    for top in filter(None, tops):
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+            if (Path(top) / sub / "libcudart_static.a").exists():
+                return str((Path(top) / sub).resolve())
+    sys.exit(f"ftcomm: nvcc found ({nvcc}) but not libcudart_static.a; set CUDA_HOME, or FTCOMM_CUDA=0")
+
+
 class BuildExtWithCuda(build_ext):
     """build_ext that first compiles csrc/cuda/*.cu with nvcc when it is available."""
 
@@ -80,7 +98,7 @@ class BuildExtWithCuda(build_ext):
             if nvcc and cu_files:
                 objects = self.compile_cuda(nvcc, cu_files, ext)
                 ext.extra_objects.extend(objects)
-                cuda_lib = Path(nvcc).resolve().parent.parent / "lib64"
+                cuda_lib = find_cudart_static_dir(nvcc)
                 ext.extra_link_args += [f"-L{cuda_lib}", "-lcudart_static", "-lrt", "-ldl", "-lpthread"]
                 ext.define_macros.append(("FTCOMM_WITH_CUDA", "1"))
                 print(f"ftcomm: building with CUDA ({nvcc})")
@@ -115,6 +133,7 @@ def main():
     compile_args, link_args = mpi_flags(mpicc)
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp"))
     sources.append("bindings/module.cpp")
+    sources.append("bindings/cuda_bindings.cpp")  # CUDA bindings, or stubs in a CPU-only build
     ext = Pybind11Extension(
         "ftcomm._C",
         sources,

@@ -76,6 +76,15 @@ PyCommunicator Create(py::object mpi4py_comm, double timeout_s) {
 
 }  // namespace
 
+// --- issue #6 (GPU buffers): hooks for bindings/cuda_bindings.cpp -----------------------------
+// The core communicator behind a _C.Communicator, and the Status-to-exception conversion.
+ftcomm::Communicator& CoreCommunicatorOf(py::handle communicator) {
+  return *py::cast<PyCommunicator&>(communicator).core;
+}
+void RaiseIfError(const Status& status) { ThrowIfError(status); }
+void RegisterCudaBindings(py::module_& m);  // defined in bindings/cuda_bindings.cpp
+// --- end issue #6 -----------------------------------------------------------------------------
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ftcomm core: ULFM communicators and fault-aware collectives";
   if (import_mpi4py() < 0) throw py::error_already_set();
@@ -225,4 +234,6 @@ PYBIND11_MODULE(_C, m) {
                                                   : ftcomm::watchdog::Action::kKillSelf);
         });
   m.def("watchdog_disarm", &ftcomm::watchdog::Disarm);
+
+  RegisterCudaBindings(m);  // issue #6: CUDA kernels and staged device allreduce (or stubs)
 }

@@ -18,6 +18,7 @@ from . import _runtime  # noqa: F401  (loads MPI and the core; owns MPI_Finalize
 from . import fault
 from ._C import ft_compiled_in, ft_enabled
 from .communicator import Communicator, world
+from .cuda import cuda_available, cuda_status  # issue #6: GPU buffers
 from .errors import (
     CollectiveTimeoutError,
     FtError,
@@ -38,6 +39,8 @@ __all__ = [
     "world",
     "ft_enabled",
     "ft_compiled_in",
+    "cuda_available",
+    "cuda_status",
     "fault",
     "FtError",
     "ProcFailedError",
@@ -48,3 +51,21 @@ __all__ = [
     "MpiError",
     "StateLostError",
 ]
+
+# Issue #4: sharded optimizer with buddy replicas, elastic driver. Loaded on first use, because
+# they need torch (an optional dependency).
+_LAZY_MODULES = ("optim", "replica", "rebuild", "shard", "data", "elastic", "checkpoint")
+_LAZY_NAMES = {"ShardedOptimizer": "optim", "ElasticSampler": "data"}
+
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+    raise AttributeError(f"module 'ftcomm' has no attribute {name!r}")
+
+
+__all__ += ["ShardedOptimizer", "ElasticSampler"]

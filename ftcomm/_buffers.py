@@ -29,6 +29,9 @@ class HostBuffers:
     problem: int = NONE
     detail: str = ""
     keepalive: list = field(default_factory=list)
+    # Issue #6: None for host buffers; else the CUDA device ordinal of device buffers (-1 for the
+    # host-memory stand-ins of tests), and `triples` then holds (address, count, dtype, stream).
+    device: int | None = None
 
 
 def _torch_tensor_type():
@@ -65,6 +68,8 @@ def describe(buffers) -> HostBuffers:
     items = list(buffers) if isinstance(buffers, (list, tuple)) else [buffers]
     out = HostBuffers()
     tensor_type = _torch_tensor_type()
+    if any(_is_device_buffer(item) for item in items):  # issue #6: CUDA tensors, CuPy arrays
+        return _describe_device_bucket(items)
     for i, item in enumerate(items):
         if isinstance(item, np.ndarray):
             triple, problem = _describe_numpy(item)
@@ -79,6 +84,42 @@ def describe(buffers) -> HostBuffers:
             return out
         out.triples.append(triple)
         out.keepalive.append(item)
+    return out
+
+
+# -- issue #6: device buffers (ftcomm/cuda.py owns the CUDA specifics) ----------------------------
+def _is_device_buffer(item) -> bool:
+    if isinstance(item, np.ndarray):
+        return False
+    from . import cuda
+
+    return cuda.is_device_buffer(item)
+
+
+def _describe_device_bucket(items) -> HostBuffers:
+    """A bucket with at least one device buffer: every buffer must be a usable device buffer on the
+    same device, else the whole step gets MIXED_DEVICES (or the buffer's own problem)."""
+    from . import cuda
+
+    out = HostBuffers()
+    for i, item in enumerate(items):
+        if not _is_device_buffer(item):
+            problem, text = MIXED_DEVICES, "is host memory while other buffers of the step are on a CUDA device"
+        else:
+            info, why = cuda.describe_device(item)
+            if info is not None and out.device is not None and info.device != out.device:
+                problem, text = MIXED_DEVICES, f"is on cuda:{info.device}, buffer 0 on cuda:{out.device}"
+            elif info is not None:
+                out.device = info.device
+                out.triples.append(info.quad())
+                out.keepalive.append(item)
+                continue
+            else:
+                problem, text = why
+        out.problem = problem
+        out.detail = f"buffer {i} ({type(item).__name__}) {text}"
+        out.triples, out.device = [], None
+        return out
     return out
 
 
@@ -97,6 +138,8 @@ def raw(buf, writable: bool):
         if not buf.flags.c_contiguous or (writable and not buf.flags.writeable):
             raise InvalidInputError("buffer must be contiguous" + (" and writable" if writable else ""))
         return buf.ctypes.data, buf.nbytes
+    if described is not None and described.device is not None:  # issue #6
+        raise InvalidInputError("point-to-point calls take host buffers, not CUDA device buffers")
     if described is None or described.problem != NONE:
         detail = described.detail if described is not None else "bytes objects are not supported"
         raise InvalidInputError(detail)

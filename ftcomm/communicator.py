@@ -185,7 +185,10 @@ class Communicator:
 
         Args:
             buffers: a contiguous, writable numpy array or torch CPU tensor, or a list of them
-                (a bucket reduced as one step). dtypes: float32, float64, float16, bfloat16 (each
+                (a bucket reduced as one step). Or CUDA buffers (torch CUDA tensors, CuPy arrays,
+                ``__cuda_array_interface__`` objects), all on one device, never mixed with host
+                buffers in one step: staged through pinned host memory, written only on commit,
+                ordered on the producer's current stream (docs/GPU.md). dtypes: float32, float64, float16, bfloat16 (each
                 operation in float32, rounded back), int32, int64 (wrapping). Any length.
             op: "sum", "avg", "min", "max" or "prod". avg on integers truncates toward zero.
             step: the step id; default last committed + 1. A step equal to the last committed one
@@ -216,6 +219,12 @@ class Communicator:
             problem = _buffers.UNSUPPORTED_OP
         if step is None:
             step = self.last_committed_step + 1
+        if bufs.device is not None:  # issue #6: device buffers, staged through pinned host memory
+            from . import cuda
+
+            cuda._allreduce(self._core, bufs, code or 0, int(step), _timeout(timeout),
+                            int(chunk_bytes or config.chunk_bytes()), problem)
+            return int(step)
         replayed = self._core.allreduce(
             bufs.triples, code or 0, int(step), _timeout(timeout),
             int(chunk_bytes or config.chunk_bytes()), problem,

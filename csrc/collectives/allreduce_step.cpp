@@ -1,6 +1,9 @@
 #include "collectives/allreduce_step.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -123,6 +126,20 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   return err;
 }
 
+// FTCOMM_PROFILE=1 prints each step's phase times (validate, ring, agree) to stderr: the tool
+// for telling protocol latency from ring bandwidth when tuning.
+bool ProfileEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FTCOMM_PROFILE");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return enabled;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // Agreement bits: a set bit means "all is well" so that the AND clears it if any rank objects.
 constexpr int kBitCompleted = 1;
 constexpr int kBitNoTimeout = 2;
@@ -185,7 +202,9 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   fault::Point("before", world_rank, opt.step);
 
   std::vector<RingAllreduce> rings;
+  const auto t_start = std::chrono::steady_clock::now();
   Status local = Validate(comm, buffers, opt, deadline);
+  const double validate_s = SecondsSince(t_start);
   if (local.code == StatusCode::kInvalidInput) {
     local.step = opt.step;
     return local;  // uniform: every rank saw the same validation result
@@ -208,6 +227,7 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
       if (!local.ok()) break;
     }
   }
+  const double ring_s = SecondsSince(t_start) - validate_s;
   // A rank that failed locally revokes, so peers blocked in the ring leave it too.
   if (!local.ok() && comm.ft_enabled()) comm.Revoke();
 
@@ -215,6 +235,12 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   int flag = (local.ok() ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout);
   bool saw_failure = false;
   Status agreed = comm.Agree(&flag, opt.timeout_s, &saw_failure);
+  if (ProfileEnabled()) {
+    const double total_s = SecondsSince(t_start);
+    std::fprintf(stderr, "ftcomm-profile rank %d step %lld: validate %.1f us, ring %.1f us, agree %.1f us\n",
+                 comm.rank(), static_cast<long long>(opt.step), validate_s * 1e6, ring_s * 1e6,
+                 (total_s - validate_s - ring_s) * 1e6);
+  }
   if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
     comm.set_last_committed_step(opt.step);
     return Status::Ok();
