@@ -1,0 +1,278 @@
+"""The elastic driver: run training steps, and on a rank failure recover, re-shard and resume.
+
+In the spirit of Horovod elastic (``hvd.elastic.run`` with State.commit / restore): the state
+(model, ShardedOptimizer, sampler, RNG) is committed atomically at the end of every step by the
+optimizer's agreement, and restored from memory (own shard + buddy replicas) after a failure.
+The loop::
+
+    step s:   batch = sampler's next global batch, split over the current ranks
+              train_step(state, batch)            # forward + backward, local
+              optimizer.step(...)                 # allreduce, shard update, allgather,
+                                                  # replication, agree -> commit or raise
+    failure:  comm.recover() (revoke + shrink)  -> optimizer.rebuild(comm) -> redo step s
+
+Each recovery is logged as one JSON line: time (Unix seconds), step, failed world ranks,
+detection_ms, shrink_ms, rebuild_ms, bytes_moved; rank 0 shows a tqdm bar (step, loss, world
+size). If a shard and all its replicas are lost (StateLostError) the driver falls back to the
+last disk checkpoint when ``checkpoint_dir`` is set, else re-raises.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import checkpoint, fault
+from .errors import FtError, StateLostError
+
+
+@dataclass
+class Batch:
+    """What ``train_step`` gets for one step.
+
+    Attributes:
+        indices: this rank's sample indices (int64 numpy array; may be empty).
+        global_size: samples in the global batch (divide a summed loss by it).
+        step: the training step being attempted (1-based; a redone step keeps its id).
+        epoch: epoch of the batch.
+    """
+
+    indices: np.ndarray
+    global_size: int
+    step: int
+    epoch: int
+
+
+class State:
+    """Everything that must survive a failure (Horovod elastic's State).
+
+    Args:
+        model: torch.nn.Module (its parameters are managed by ``optimizer``).
+        optimizer: ftcomm.optim.ShardedOptimizer.
+        sampler: ftcomm.data.ElasticSampler.
+
+    The committed metadata put in the replicas is the sampler position after the step and this
+    rank's torch RNG state (base64 of torch.get_rng_state()).
+    """
+
+    def __init__(self, model, optimizer, sampler):
+        self.model, self.optimizer, self.sampler = model, optimizer, sampler
+
+    @property
+    def comm(self):
+        return self.optimizer.comm
+
+    @property
+    def step(self) -> int:
+        """Last committed step."""
+        return self.optimizer.step_id
+
+    def next_batch(self) -> Batch:
+        g = self.sampler.global_batch()
+        return Batch(self.sampler.local_indices(self.comm.rank, self.comm.size), len(g),
+                     self.step + 1, self.sampler.epoch)
+
+    def capture(self, advanced: bool) -> dict:
+        """Metadata to commit: sampler position (after the step when ``advanced``) and RNG."""
+        position = self.sampler.state_dict()
+        if advanced:
+            position["cursor"] += len(self.sampler.global_batch())
+            if position["cursor"] >= self.sampler.num_samples:
+                position = {"epoch": position["epoch"] + 1, "cursor": 0}
+        rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+        return {"sampler": position, "rng": rng}
+
+    def restore(self, meta: dict) -> None:
+        """Back to the committed metadata (after a commit, an abort or a rebuild)."""
+        if "sampler" in meta:
+            self.sampler.load_state_dict(meta["sampler"])
+        if "rng" in meta:
+            raw = np.frombuffer(base64.b64decode(meta["rng"]), np.uint8).copy()
+            torch.set_rng_state(torch.from_numpy(raw))
+
+
+@dataclass
+class Summary:
+    """What ``run`` returns (the same on every surviving rank, except ``peak_rss_bytes``)."""
+
+    steps: int = 0  # last committed step
+    failures: int = 0  # recoveries performed
+    redone_steps: int = 0  # step attempts that did not commit and were redone
+    world_size: int = 0
+    events: list = field(default_factory=list)
+    losses: list = field(default_factory=list)  # (step, mean loss) of committed steps
+    peak_rss_bytes: int = 0
+    replica_bytes: int = 0
+
+
+class EventLog:
+    """JSON-lines event log: every rank appends to ``path`` (``{rank}`` in it is replaced by the
+    world rank); rank 0 also prints each line through tqdm.write (it keeps the bar intact)."""
+
+    def __init__(self, path: str | None, world_rank: int, echo: bool):
+        self.path = path.replace("{rank}", str(world_rank)) if path else None
+        self.world_rank, self.echo = world_rank, echo
+        if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+
+    def __call__(self, **event) -> dict:
+        event = {"time": time.time(), "rank": self.world_rank, **event}
+        line = json.dumps(event)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+        if self.echo:
+            tqdm.write(line)
+        return event
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, max_attempts: int = 8) -> dict:
+    """Shrinks and rebuilds until a rebuild commits (a failure may hit the recovery itself: the
+    old holdings stay intact until a rebuild commits, so it simply starts over)."""
+    opt = state.optimizer
+    detected, detected_time = time.perf_counter(), time.time()
+    # from the start of the phase that failed to the exception (the kill time is not known here)
+    detection_ms = (detected - getattr(opt, "last_phase_start", detected)) * 1e3
+    timing = getattr(opt, "timing", {})
+    # A failure after the gradient allreduce surfaces locally and is then agreed on by the step's
+    # agreement, which belongs to the repair. (Inside the allreduce the core agrees and shrinks
+    # before it raises: that time is in detection_ms.)
+    agree_ms = timing.get("agree", 0.0) * 1e3 if "failed" in timing else 0.0
+    before = list(opt.layout.world_ranks)
+    comm, shrink_ms, report = opt.comm, 0.0, None
+    for _ in range(max_attempts):
+        t0 = time.perf_counter()
+        fault.point("shrink", comm.world_rank, opt.step_id + 1)
+        comm = comm.recover()
+        shrink_ms += (time.perf_counter() - t0) * 1e3
+        try:
+            report = opt.rebuild(comm)
+        except StateLostError as lost:
+            report = _disk_fallback(opt, comm, lost, log, checkpoint_dir)
+        except FtError:
+            continue
+        break
+    if report is None:
+        raise error
+    state.restore(opt.committed_meta)
+    return log(event="recovered", step=opt.step_id, redo_step=opt.step_id + 1,
+               failed_ranks=sorted(set(before) - set(comm.world_ranks)), world_size=comm.size,
+               detected_time=detected_time, detection_ms=round(detection_ms, 3),
+               agree_ms=round(agree_ms, 3), shrink_ms=round(shrink_ms, 3),
+               rebuild_ms=round(report["rebuild_s"] * 1e3, 3), bytes_moved=int(report["bytes_moved"]),
+               from_replica=report.get("from_replica", []), disk_restore=report.get("disk_restore"),
+               error=type(error).__name__)
+
+
+def _disk_fallback(opt, comm, lost: StateLostError, log: EventLog, checkpoint_dir) -> dict:
+    """Restores the last disk checkpoint after a StateLostError, or re-raises it if none."""
+    log(event="state_lost", step=opt.step_id, lost_shards=lost.lost_shards,
+        failed_ranks=lost.failed_ranks, message=str(lost),
+        fallback=checkpoint.latest(checkpoint_dir) is not None)
+    if checkpoint.latest(checkpoint_dir) is None:
+        raise lost
+    t0 = time.perf_counter()
+    disk = checkpoint.restore(opt, comm, checkpoint_dir)
+    log(event="disk_restore", step=disk["step"], lost_step=lost.step, bytes_read=disk["bytes_read"])
+    return {"bytes_moved": 0, "rebuild_s": time.perf_counter() - t0, "from_replica": [],
+            "disk_restore": disk["step"]}
+
+
+def _as_stats(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (int, float, np.floating, np.integer)):
+        return [float(value)]
+    return [float(v) for v in value]
+
+
+def run(train_step, state: State, *, epochs: int | None = None, steps: int | None = None,
+        log_path: str | None = None, progress: bool = True, checkpoint_dir: str | None = None,
+        checkpoint_every: int = 0, on_commit=None, on_recover=None,
+        max_recoveries: int = 16) -> Summary:
+    """Trains until ``steps`` committed steps (or ``epochs`` epochs), surviving rank failures.
+
+    Args:
+        train_step: ``f(state, batch) -> loss_sum`` (a float or a sequence of floats, summed over
+            ranks): forward and backward on ``batch.indices`` with the loss summed over the local
+            samples and divided by ``batch.global_size``. Must not communicate.
+        state: State.
+        epochs / steps: when to stop (one of them).
+        log_path: JSON-lines event log (``{rank}`` is replaced by the world rank).
+        progress: tqdm bar on rank 0.
+        checkpoint_dir, checkpoint_every: disk checkpoint every M committed steps (0: never),
+            used only when in-memory recovery is impossible (StateLostError).
+        on_commit: ``f(state, step, stats)`` after each committed step (stats: summed values,
+            the last one the global sample count).
+        on_recover: ``f(state, event)`` after each recovery (event: the logged dict).
+        max_recoveries: give up (re-raise) after this many recoveries.
+
+    Returns:
+        Summary.
+
+    Raises:
+        StateLostError: a shard and its replicas were lost and there is no disk checkpoint.
+        FtError: more than ``max_recoveries`` failures, or a recovery that could not complete.
+    """
+    opt, sampler = state.optimizer, state.sampler
+    total = steps if steps is not None else epochs * sampler.steps_per_epoch
+    log = EventLog(log_path, opt.comm.world_rank, echo=opt.comm.rank == 0 and progress)
+    summary, attempts = Summary(), {}
+    opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
+    waiting_first_commit = None
+    bar = tqdm(total=total, initial=opt.step_id, disable=not progress or opt.comm.rank != 0,
+               desc="train", unit="step", dynamic_ncols=True)
+    while opt.step_id < total:
+        batch = state.next_batch()
+        attempts[batch.step] = attempts.get(batch.step, 0) + 1
+        try:
+            stats = _as_stats(train_step(state, batch)) + [float(len(batch.indices))]
+            summed = opt.step(stats=stats, meta=state.capture(advanced=True))
+        except FtError as error:
+            summary.failures += 1
+            if summary.failures > max_recoveries:
+                raise
+            summary.events.append(_recover(state, error, log, checkpoint_dir))
+            waiting_first_commit = summary.events[-1]
+            if on_recover is not None:
+                on_recover(state, waiting_first_commit)
+            bar.set_postfix(world=opt.comm.size)
+            continue
+        state.restore(opt.committed_meta)
+        loss = summed[0] if len(summed) > 1 else float("nan")
+        summary.losses.append((opt.step_id, float(loss)))
+        if waiting_first_commit is not None:
+            summary.events.append(log(event="first_commit", step=opt.step_id, world_size=opt.comm.size))
+            waiting_first_commit = None
+        if checkpoint_dir and checkpoint_every and opt.step_id % checkpoint_every == 0:
+            _checkpoint(opt, state, checkpoint_dir, log, summary)
+        if on_commit is not None:
+            on_commit(state, opt.step_id, summed)
+        bar.update(opt.step_id - bar.n)
+        bar.set_postfix(loss=f"{loss:.4f}", world=opt.comm.size)
+    bar.close()
+    summary.steps, summary.world_size = opt.step_id, opt.comm.size
+    summary.redone_steps = sum(n - 1 for s, n in attempts.items() if s <= opt.step_id)
+    summary.peak_rss_bytes, summary.replica_bytes = _peak_rss_bytes(), opt.store.nbytes
+    return summary
+
+
+def _checkpoint(opt, state, directory, log, summary) -> None:
+    try:
+        info = checkpoint.save(opt, directory)
+        log(event="checkpoint", step=info["step"], bytes=info["bytes"], seconds=round(info["seconds"], 4))
+    except FtError as error:
+        # The step is committed; the failure surfaces again in the next step and is handled there.
+        log(event="checkpoint_failed", step=opt.step_id, error=str(error))

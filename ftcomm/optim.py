@@ -1,0 +1,325 @@
+"""ShardedOptimizer: ZeRO stage 1 over an ftcomm.Communicator, with in-memory buddy replicas.
+
+ZeRO stage 1 (Rajbhandari et al., SC'20): every rank keeps the full parameters (data parallel),
+but the optimizer state is partitioned: rank i owns shard i of the flattened fp32 parameters and
+of every optimizer-state tensor (see ftcomm/shard.py). One training step is
+
+    1. gradient allreduce of the flat gradient (plus a few statistics, in the same bucket), through
+       the commit protocol (uniform ProcFailedError on a failure, buffers untouched);
+    2. shard update, out of place: the new shard goes to a staging buffer, the committed one stays;
+    3. allgather of the new parameter shards into the model's flat parameters;
+    4. replication of the new shard to k buddies (ftcomm/replica.py, double-buffered);
+    5. one agreement: either every survivor commits the step (staging -> live, pending replicas ->
+       committed) or every survivor aborts it (nothing committed, the step is redone after
+       ``rebuild``). That makes the step atomic, in the spirit of Horovod elastic's
+       State.commit / restore.
+
+On a failure the caller shrinks the communicator (``comm.recover()``) and calls ``rebuild``, which
+finds every lost shard in a buddy's replica, verifies its CRC-32, re-shards the state over the
+new world size, re-replicates and agrees (ftcomm/rebuild.py). No disk I/O on that path.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from . import fault, rebuild as _rebuild
+from .errors import FtError, ProcFailedError
+from .replica import ReplicaStore, encode_header
+from .shard import ShardLayout
+
+_F32 = np.float32
+
+
+# -- update rules: out of place, on one shard, float32 torch views of numpy memory ----------------
+class SGD:
+    """SGD with momentum, weight decay and Nesterov, as torch.optim.SGD (dampening 0).
+
+    Slots: param, momentum_buffer.
+    """
+
+    name = "sgd"
+
+    def __init__(self, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False):
+        self.lr, self.momentum, self.weight_decay, self.nesterov = lr, momentum, weight_decay, nesterov
+        self.slots = ("param", "momentum_buffer") if momentum else ("param",)
+
+    def update(self, live, grad, out, t: int) -> None:
+        """Writes the state after update number ``t`` (1-based) into ``out``; ``live`` and
+        ``grad`` are read only. All tensors: float32, shape (shard_len,) per slot."""
+        p, new_p = live[0], out[0]
+        g = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
+        if self.momentum:
+            buf, new_buf = live[1], out[1]
+            if t == 1:
+                new_buf.copy_(g)  # torch.optim.SGD starts the buffer at the first gradient
+            else:
+                torch.mul(buf, self.momentum, out=new_buf).add_(g)
+            g = g.add(new_buf, alpha=self.momentum) if self.nesterov else new_buf
+        torch.add(p, g, alpha=-self.lr, out=new_p)
+
+
+class AdamW:
+    """AdamW (Loshchilov & Hutter, ICLR'19) with bias correction, as torch.optim.AdamW.
+
+    Slots: param, exp_avg, exp_avg_sq. The step count t is the number of committed steps.
+    """
+
+    name = "adamw"
+    slots = ("param", "exp_avg", "exp_avg_sq")
+
+    def __init__(self, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
+        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+
+    def update(self, live, grad, out, t: int) -> None:
+        """As SGD.update."""
+        (p, m, v), (new_p, new_m, new_v) = live, out
+        b1, b2 = self.betas
+        torch.mul(p, 1.0 - self.lr * self.weight_decay, out=new_p)
+        torch.lerp(m, grad, 1.0 - b1, out=new_m)
+        torch.mul(v, b2, out=new_v).addcmul_(grad, grad, value=1.0 - b2)
+        denom = new_v.sqrt().div_(math.sqrt(1.0 - b2 ** t)).add_(self.eps)
+        new_p.addcdiv_(new_m, denom, value=-self.lr / (1.0 - b1 ** t))
+
+
+RULES = {"sgd": SGD, "adamw": AdamW}
+
+
+def make_rule(name: str, lr: float, **hyper):
+    """The update rule called ``name`` ("sgd" or "adamw").
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if name not in RULES:
+        raise ValueError(f"optimizer must be one of {sorted(RULES)}, not {name!r}")
+    return RULES[name](lr, **hyper)
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a)
+
+
+class _PhaseClock:
+    """Seconds spent in each phase of a step (``phases``), for logs and the MTTR benchmark."""
+
+    def __init__(self):
+        self.phases, self.last = {}, time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = now - self.last
+        self.last = now
+
+
+class ShardedOptimizer:
+    """ZeRO-1 sharded SGD/AdamW whose shards survive rank failures through buddy replicas.
+
+    Args:
+        params: the model's parameters (float32 CPU tensors, identical on every rank; rank 0's
+            values are broadcast at construction). They are re-pointed into one flat float32
+            buffer so that the allgather writes the model in place.
+        comm: ftcomm.Communicator.
+        optimizer: "adamw" or "sgd".
+        lr: learning rate.
+        replicas: k, number of buddies holding each shard (default 1; capped at size - 1).
+        grad_op: "sum" (default; the loss must then be the sum over local samples divided by the
+            global batch size, which stays exact when a shrink leaves uneven local batches) or
+            "avg" (equal local batches only).
+        timeout: deadline in seconds for each collective, default FTCOMM_TIMEOUT.
+        **hyper: passed to the rule (SGD: momentum, weight_decay, nesterov; AdamW: betas, eps,
+            weight_decay).
+
+    Memory per rank (bytes): full params 4P + flat grads 4P + live and staging shards
+    2 x 4 x slots x P/N + replicas 2 x k x 4 x slots x P/N (committed + in flight).
+
+    Raises:
+        ProcFailedError etc.: a rank failed during the initial broadcast or replication.
+    """
+
+    def __init__(self, params, comm, optimizer: str = "adamw", lr: float = 1e-3, replicas: int = 1,
+                 grad_op: str = "sum", timeout: float | None = None, **hyper):
+        self.params = [p for p in params if p.requires_grad]
+        for p in self.params:
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise ValueError("ShardedOptimizer takes float32 CPU parameters")
+        self.comm, self.timeout, self.grad_op = comm, timeout, grad_op
+        self.rule = make_rule(optimizer, lr, **hyper)
+        self.store = ReplicaStore(replicas)
+        self.step_id = 0  # last committed training step; 0 = the initial state
+        self.committed_meta: dict = {}  # caller's metadata (data position, RNG) at step_id
+        self.last_bytes_replicated = 0
+        numel = sum(p.numel() for p in self.params)
+        self.layout = ShardLayout(numel, tuple(comm.world_ranks))
+        flat = np.zeros(self.layout.padded, _F32)
+        self._copy_params_into(flat)
+        comm.broadcast(flat, 0, timeout=timeout)
+        self._bind(flat)
+        self.live = np.zeros((len(self.rule.slots), self.layout.shard_len), _F32)
+        self.live[0] = self._my_slice(self.flat)
+        self.staging = np.empty_like(self.live)
+        self._replicate_and_agree(self.live, step=0, meta={})
+
+    # -- layout helpers ------------------------------------------------------------------
+    @property
+    def replicas(self) -> int:
+        return self.store.replicas
+
+    @property
+    def numel(self) -> int:
+        return self.layout.numel
+
+    def _my_slice(self, flat: np.ndarray) -> np.ndarray:
+        start = self.layout.start(self.comm.rank)
+        return flat[start:start + self.layout.shard_len]
+
+    def _copy_params_into(self, flat: np.ndarray) -> None:
+        offset = 0
+        for p in self.params:
+            flat[offset:offset + p.numel()] = p.detach().reshape(-1).numpy()
+            offset += p.numel()
+
+    def _bind(self, flat: np.ndarray) -> None:
+        """Points every parameter into ``flat`` (views, no copy) and allocates the flat gradient."""
+        self.flat, self.flat_grad = flat, np.zeros_like(flat)
+        offset = 0
+        for p in self.params:
+            p.data = _t(flat[offset:offset + p.numel()]).view_as(p)
+            offset += p.numel()
+
+    def _gather_grads(self) -> None:
+        offset = 0
+        for p in self.params:
+            view = self.flat_grad[offset:offset + p.numel()]
+            if p.grad is None:
+                view[:] = 0
+            else:
+                _t(view).copy_(p.grad.reshape(-1))
+            offset += p.numel()
+
+    def zero_grad(self) -> None:
+        """Sets every parameter's ``.grad`` to None."""
+        for p in self.params:
+            p.grad = None
+
+    # -- the atomic step -----------------------------------------------------------------
+    def step(self, stats=None, meta: dict | None = None) -> np.ndarray:
+        """Applies one training step atomically (see the module docstring).
+
+        Args:
+            stats: float64 values summed over ranks in the gradient bucket (e.g. loss sum, sample
+                count); default none.
+            meta: JSON-serialisable metadata committed with the step and copied into the replicas
+                (the elastic driver puts the data position and RNG state here).
+
+        Returns:
+            The summed ``stats`` (float64 array).
+
+        Raises:
+            ProcFailedError, RevokedError, CollectiveTimeoutError: the step did not commit on any
+                survivor; the live shard, replicas and ``step_id`` are as before the call, the
+                model's parameters may be half-updated (``rebuild`` restores them). Call
+                ``comm.recover()`` then ``rebuild(new_comm)`` and redo the step.
+        """
+        step = self.step_id + 1
+        clock = _PhaseClock()
+        self.timing, self.last_phase_start = clock.phases, clock.last
+        self._gather_grads()
+        summed = np.array(list(stats or []) or [0.0], np.float64)
+        self.comm.allreduce([self.flat_grad, summed], op=self.grad_op, timeout=self.timeout)
+        clock.mark("allreduce")
+        ok = 1
+        try:
+            fault.point("shard_update", self.comm.world_rank, step)
+            grad = _t(self._my_slice(self.flat_grad))
+            self.rule.update([_t(s) for s in self.live], grad, [_t(s) for s in self.staging], step)
+            clock.mark("update")
+            self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
+            clock.mark("allgather")
+            fault.point("replicate", self.comm.world_rank, step)
+            header = encode_header(self._header_meta(step, meta or {}), self.staging)
+            self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.timeout)
+            clock.mark("replicate")
+        except FtError:
+            ok = 0  # a local failure: the agreement below makes every rank abort
+            clock.mark("failed")
+        self.last_phase_start = clock.last
+        agreed = self.comm.agree(ok, timeout=self.timeout)
+        clock.mark("agree")
+        if not agreed:
+            self.store.discard_pending()
+            raise ProcFailedError(f"step {step} aborted: a rank failed during update, allgather or "
+                                  "replication", step=step)
+        self.live, self.staging = self.staging, self.live
+        self.store.commit()
+        self.step_id, self.committed_meta = step, dict(meta or {})
+        return summed[: len(list(stats or []))]
+
+    def _header_meta(self, step: int, meta: dict) -> dict:
+        return {"shard": self.comm.rank, "step": step, "world_rank": self.comm.world_rank,
+                "numel": self.layout.numel, "shard_len": self.layout.shard_len,
+                "rule": self.rule.name, "opt_steps": step, "extra": meta}
+
+    def _replicate_and_agree(self, state: np.ndarray, step: int, meta: dict) -> int:
+        """Replicates ``state`` tagged with ``step`` and commits the replicas if every rank
+        succeeded; raises ProcFailedError otherwise. Returns bytes sent."""
+        ok, sent = 1, 0
+        try:
+            sent = self.store.replicate(self.comm, encode_header(self._header_meta(step, meta), state),
+                                        state, self.timeout)
+        except FtError:
+            ok = 0
+        if not self.comm.agree(ok, timeout=self.timeout):
+            self.store.discard_pending()
+            raise ProcFailedError(f"replication of step {step} failed", step=step)
+        self.store.commit()
+        return sent
+
+    # -- recovery ------------------------------------------------------------------------
+    def rebuild(self, comm) -> dict:
+        """Restores the state of the last committed step over the shrunk communicator ``comm``:
+        finds each shard with its owner or a buddy's replica (CRC-32 verified), re-shards over
+        ``comm.size`` ranks, allgathers the parameters, re-replicates, agrees.
+
+        Returns:
+            A report: ``bytes_moved`` (whole job, re-shard traffic), ``sources`` (old shard ->
+            old rank used), ``from_replica`` (shards taken from a buddy), ``rebuild_s``.
+
+        Raises:
+            StateLostError: a shard has no surviving, valid copy (uniform on every survivor);
+                ``lost_shards`` names it (old shard ids = old ranks). Nothing was changed.
+            ProcFailedError etc.: another failure during the rebuild; nothing was changed:
+                recover again and call ``rebuild`` once more.
+        """
+        t0 = time.perf_counter()
+        result = _rebuild.rebuild_in_memory(self, comm)
+        result["rebuild_s"] = time.perf_counter() - t0
+        return result
+
+    def _adopt(self, comm, layout: ShardLayout, live: np.ndarray, flat: np.ndarray, step: int,
+               meta: dict) -> None:
+        """Makes a rebuilt state current (called by ftcomm/rebuild.py after its agreement)."""
+        self.comm, self.layout, self.live = comm, layout, live
+        self.staging = np.empty_like(live)
+        self._bind(flat)
+        self.store.commit()
+        self.store.drop_spares()
+        self.step_id, self.committed_meta = step, dict(meta)
+
+    def gather_state(self) -> dict:
+        """Every slot of the full (unsharded) committed state, for tests and checkpoints:
+        ``{slot: float32 array of numel}``. Collective (allgather per slot)."""
+        out = {}
+        for i, name in enumerate(self.rule.slots):
+            full = np.empty(self.layout.padded, _F32)
+            self.comm.allgather(self.live[i], full, timeout=self.timeout)
+            out[name] = full[: self.layout.numel].copy()
+        return out
+
+    @property
+    def shard_bytes(self) -> int:
+        """Bytes of this rank's live shard (all slots)."""
+        return int(self.live.nbytes)

@@ -1,0 +1,159 @@
+"""Rebuilding the sharded state after a shrink: find, verify, re-shard, re-replicate, agree.
+
+Every survivor computes the same decisions from the same inputs (the old layout and the new
+communicator's world ranks), so the only communication is the re-shard traffic itself plus a
+few agreements. Until the final agreement nothing the survivors held is modified: a failure
+during the rebuild leaves the old holdings intact, and the caller simply recovers and rebuilds
+again (recovery from a failure during recovery).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import fault
+from .errors import FtError, ProcFailedError, StateLostError
+from .replica import encode_header
+from .shard import Piece, ShardLayout, holders, reshard_plan
+
+_TAG = 7302
+_BITS = 31  # an agreement carries a non-negative int below 2**31
+
+
+def choose_sources(old: ShardLayout, alive_world: set, replicas: int, bad=frozenset()) -> tuple[dict, list]:
+    """For each old shard with real elements, the old rank to copy it from: its owner if alive,
+    else its nearest living buddy, skipping (shard, holder) pairs in ``bad``.
+
+    Returns:
+        (sources: old shard -> old rank, lost: old shards without any candidate).
+    """
+    sources, lost = {}, []
+    for shard in range(old.size):
+        lo, hi = old.bounds(shard)
+        if lo == hi:
+            continue  # padding only: nothing to restore
+        cands = [h for h in holders(shard, old.size, replicas)
+                 if old.world_ranks[h] in alive_world and (shard, h) not in bad]
+        if cands:
+            sources[shard] = cands[0]
+        else:
+            lost.append(shard)
+    return sources, lost
+
+
+def _agree_bits(comm, good: set, count: int, timeout) -> set:
+    """Items 0..count-1 that every rank calls good (bitwise AND over agreements of 31 bits)."""
+    agreed = set()
+    for base in range(0, count, _BITS):
+        flag = sum(1 << b for b in range(_BITS) if base + b in good or base + b >= count)
+        value = comm.agree(flag, timeout=timeout)
+        agreed |= {base + b for b in range(_BITS) if value >> b & 1 and base + b < count}
+    return agreed
+
+
+def verified_sources(opt, comm) -> dict:
+    """Chooses a source per old shard and checks each replica used (header step and shard, CRC-32)
+    by an agreement; a bad replica makes the next buddy the source.
+
+    Raises:
+        StateLostError: some shard has no valid copy left (the same on every survivor).
+    """
+    old, step = opt.layout, opt.step_id
+    alive = set(comm.world_ranks)
+    me_old = old.world_ranks.index(comm.world_rank)
+    bad = set()
+    while True:
+        sources, lost = choose_sources(old, alive, opt.replicas, bad)
+        if lost:
+            failed = [r for r in range(old.size) if old.world_ranks[r] not in alive]
+            raise StateLostError(
+                f"shard(s) {lost} of step {step} lost: the owner and all {opt.replicas} buddies failed "
+                f"(old ranks {failed}, world ranks {[old.world_ranks[r] for r in failed]})",
+                lost_shards=lost, step=step, failed_ranks=failed)
+        # Replicas this rank serves; the owner's own live shard needs no check.
+        mine = {s for s, h in sources.items() if h == me_old and s != me_old}
+        good = {s for s in range(old.size) if s not in mine or opt.store.get(s) is not None
+                and opt.store.get(s).is_valid(s, step)}
+        agreed_good = _agree_bits(comm, good, old.size, opt.timeout)
+        newly_bad = {(s, sources[s]) for s in sources if s not in agreed_good}
+        if not newly_bad:
+            return sources
+        bad |= newly_bad
+
+
+def _holding(opt, comm, shard: int) -> np.ndarray:
+    """This rank's copy of old ``shard``: its live state or a committed replica."""
+    me_old = opt.layout.world_ranks.index(comm.world_rank)
+    return opt.live if shard == me_old else opt.store.get(shard).state
+
+
+def move_pieces(opt, comm, plan: list[Piece], new: ShardLayout, fill) -> int:
+    """Runs the re-shard plan: one ``exchange`` with every piece this rank sends or receives, per
+    slot; pieces within this rank are copied. ``fill`` is the new shard array (slots, shard_len).
+
+    Returns:
+        Bytes this rank received.
+    """
+    old, me = opt.layout, comm.rank
+    sends, recvs, received = [], [], 0
+    for p in plan:
+        if me not in (p.src, p.dst):
+            continue
+        src_off = p.lo - old.start(p.old_shard)
+        dst_off = p.lo - new.start(p.dst)
+        for slot in range(fill.shape[0]):
+            dst_view = fill[slot, dst_off:dst_off + p.numel]
+            if p.src == me:
+                src_view = _holding(opt, comm, p.old_shard)[slot, src_off:src_off + p.numel]
+                if p.dst == me:
+                    dst_view[:] = src_view
+                else:
+                    sends.append((p.dst, src_view))
+            else:
+                recvs.append((p.src, dst_view))
+                received += dst_view.nbytes
+    comm.exchange(sends=sends, recvs=recvs, tag=_TAG, timeout=opt.timeout)
+    return received
+
+
+def plan_bytes(plan: list[Piece], slots: int) -> int:
+    """Bytes the whole job moves between ranks for ``plan`` (float32, all slots)."""
+    return sum(4 * slots * p.numel for p in plan if p.src != p.dst)
+
+
+def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict, ok: int = 1) -> None:
+    """Allgathers the parameters, replicates the new shards, agrees; on success adopts the new
+    state (``opt._adopt``), else raises ProcFailedError with the old holdings untouched."""
+    flat = np.zeros(new.padded, np.float32)
+    try:
+        if ok:
+            comm.allgather(live[0], flat, timeout=opt.timeout)
+            meta_new = dict(opt._header_meta(step, meta), shard=comm.rank, shard_len=new.shard_len)
+            header = encode_header(meta_new, live)
+            opt.store.replicate(comm, header, live, opt.timeout)
+    except FtError:
+        ok = 0
+    if not comm.agree(ok, timeout=opt.timeout):
+        opt.store.discard_pending()
+        raise ProcFailedError(f"rebuild of step {step} failed: another rank failed", step=step)
+    opt._adopt(comm, new, live, flat, step, meta)
+
+
+def rebuild_in_memory(opt, comm) -> dict:
+    """ShardedOptimizer.rebuild's body (see there)."""
+    old, step = opt.layout, opt.step_id
+    sources = verified_sources(opt, comm)
+    new = ShardLayout(old.numel, tuple(comm.world_ranks))
+    new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
+    plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
+    live = np.zeros((opt.live.shape[0], new.shard_len), np.float32)
+    ok = 1
+    try:
+        fault.point("rebuild", comm.world_rank, step)
+        move_pieces(opt, comm, plan, new, live)
+    except FtError:
+        ok = 0
+    finish(opt, comm, new, live, step, opt.committed_meta, ok)
+    me_old = old.world_ranks.index(comm.world_rank)
+    return {"bytes_moved": plan_bytes(plan, live.shape[0]), "sources": sources,
+            "from_replica": sorted(s for s, h in sources.items() if h != s),
+            "old_size": old.size, "new_size": new.size, "old_rank": me_old}

@@ -1,0 +1,151 @@
+"""In-memory replicas of shards in the host memory of buddy ranks.
+
+Each rank sends its shard (a ``(slots, shard_len)`` float32 array: parameters and optimizer
+state) plus a fixed-size header (step, shard id, checksum, and free-form metadata such as the data
+position and RNG state) to its ``k`` ring successors, its buddies (buddy checkpointing as in Fenix,
+Gamell et al. SC'14; peer CPU memory as in Gemini, Wang et al. SOSP'23).
+
+Double buffer: replicas arrive into a *pending* set; the caller turns it into the *committed* set
+only after an agreement says every rank's pending set is complete (``commit``). Until then the
+previous committed set stays intact, so a recovery always finds one complete, checksummed
+generation. Memory: ``k x shard bytes`` committed plus ``k x shard bytes`` pending (the pending
+buffers are recycled from the previous generation, so steady state holds ``2k`` shard buffers).
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .shard import buddies, wards
+
+HEADER_BYTES = 32 * 1024  # fixed, so that receivers know every message size in advance
+_TAG = 7301
+
+
+def checksum(state: np.ndarray) -> int:
+    """CRC-32 (zlib) of the array's bytes; ``state`` must be C-contiguous."""
+    return zlib.crc32(memoryview(state).cast("B"))
+
+
+def encode_header(meta: dict, state: np.ndarray) -> np.ndarray:
+    """A ``HEADER_BYTES`` uint8 array holding ``meta`` plus the state's CRC-32 and byte count,
+    as zero-padded JSON.
+
+    Raises:
+        ValueError: ``meta`` does not fit in ``HEADER_BYTES`` (keep it small: steps, positions,
+            RNG states; not tensors).
+    """
+    full = dict(meta, crc32=checksum(state), nbytes=int(state.nbytes))
+    raw = json.dumps(full, separators=(",", ":")).encode()
+    if len(raw) > HEADER_BYTES:
+        raise ValueError(f"replica header of {len(raw)} bytes exceeds {HEADER_BYTES}")
+    out = np.zeros(HEADER_BYTES, np.uint8)
+    out[: len(raw)] = np.frombuffer(raw, np.uint8)
+    return out
+
+
+def decode_header(header: np.ndarray) -> dict | None:
+    """The metadata of an encoded header, or None if it cannot be read (corrupted)."""
+    raw = header.tobytes().rstrip(b"\0")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+@dataclass
+class Replica:
+    """A copy of one shard: ``header`` (uint8[HEADER_BYTES]) and ``state`` (float32
+    ``(slots, shard_len)``)."""
+
+    header: np.ndarray
+    state: np.ndarray
+
+    @property
+    def meta(self) -> dict | None:
+        return decode_header(self.header)
+
+    def is_valid(self, shard: int, step: int) -> bool:
+        """True when the header is readable, names ``shard`` and committed ``step``, and the
+        state's CRC-32 and size match the header."""
+        meta = self.meta
+        return (meta is not None and meta.get("shard") == shard and meta.get("step") == step
+                and meta.get("nbytes") == self.state.nbytes and meta.get("crc32") == checksum(self.state))
+
+
+class ReplicaStore:
+    """The replicas one rank keeps for its wards (ring predecessors), double-buffered.
+
+    Args:
+        replicas: k, buddies per shard (capped at world size - 1).
+    """
+
+    def __init__(self, replicas: int = 1):
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, not {replicas}")
+        self.replicas = replicas
+        self.committed: dict[int, Replica] = {}  # shard id -> replica of the last committed step
+        self.pending: dict[int, Replica] = {}
+        self._pool: list[Replica] = []  # spare buffers from an older generation
+
+    def _buffer(self, shape) -> Replica:
+        while self._pool:
+            spare = self._pool.pop()
+            if spare.state.shape == shape:
+                return spare
+        return Replica(np.zeros(HEADER_BYTES, np.uint8), np.zeros(shape, np.float32))
+
+    def replicate(self, comm, header: np.ndarray, state: np.ndarray, timeout=None) -> int:
+        """Sends this rank's shard to its buddies and receives its wards' shards into the pending
+        set, all in one ``exchange`` (so the k sends and k receives overlap).
+
+        Args:
+            comm: the ftcomm.Communicator; shard id = rank.
+            header: from ``encode_header``; state: float32 ``(slots, shard_len)``, C-contiguous.
+
+        Returns:
+            Bytes this rank sent (``k x (HEADER_BYTES + state.nbytes)``).
+
+        Raises:
+            ProcFailedError, RevokedError, CollectiveTimeoutError: as ``Communicator.exchange``
+            (local outcome; the caller agrees afterwards). The committed set is untouched.
+        """
+        self.discard_pending()
+        rank, size = comm.rank, comm.size
+        sends, recvs = [], []
+        for peer in buddies(rank, size, self.replicas):
+            sends += [(peer, header), (peer, state)]
+        for ward in wards(rank, size, self.replicas):
+            slot = self._buffer(state.shape)
+            self.pending[ward] = slot
+            recvs += [(ward, slot.header), (ward, slot.state)]
+        comm.exchange(sends=sends, recvs=recvs, tag=_TAG, timeout=timeout)
+        return len(sends) // 2 * (header.nbytes + state.nbytes)
+
+    def commit(self) -> None:
+        """The pending set becomes the committed one (call once an agreement confirmed that every
+        rank's pending set is complete); the old committed buffers are kept for reuse."""
+        self._pool.extend(self.committed.values())
+        self.committed, self.pending = self.pending, {}
+
+    def discard_pending(self) -> None:
+        """Drops an incomplete pending set (after an aborted step); the committed set stays."""
+        self._pool.extend(self.pending.values())
+        self.pending = {}
+
+    def drop_spares(self) -> None:
+        """Frees recycled buffers (after a re-shard changed the shard size)."""
+        self._pool = []
+
+    def get(self, shard: int) -> Replica | None:
+        """The committed replica of ``shard``, if this rank keeps one."""
+        return self.committed.get(shard)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held by replicas: committed + pending + spare buffers."""
+        every = [*self.committed.values(), *self.pending.values(), *self._pool]
+        return sum(r.header.nbytes + r.state.nbytes for r in every)

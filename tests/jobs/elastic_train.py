@@ -1,0 +1,66 @@
+"""Job: the elastic driver on a synthetic classification set. Every rank reports the sample
+indices it used in each committed step ("used"), so the test can account for every sample.
+Kills come from FTCOMM_FAULT (point train_step); --checkpoint-dir enables the disk fallback.
+Reports: "used" (per committed step), "recovered" (per recovery), "state_lost", "done".
+"""
+import argparse
+
+import numpy as np
+import torch
+
+import ftcomm
+from ftcomm import elastic, fault
+from harness import report
+
+p = argparse.ArgumentParser()
+p.add_argument("--replicas", type=int, default=1)
+p.add_argument("--samples", type=int, default=300)
+p.add_argument("--batch", type=int, default=32)
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--checkpoint-dir")
+p.add_argument("--checkpoint-every", type=int, default=0)
+args = p.parse_args()
+
+torch.manual_seed(0)
+gen = torch.Generator().manual_seed(3)
+X = torch.randn(args.samples, 8, generator=gen)
+Y = (X[:, 0] > 0).long()
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 2))
+comm = ftcomm.Communicator()
+opt = ftcomm.ShardedOptimizer(model.parameters(), comm, optimizer="sgd", lr=0.1, momentum=0.9,
+                              replicas=args.replicas)
+state = elastic.State(model, opt, ftcomm.ElasticSampler(args.samples, args.batch, seed=5))
+attempted = {}
+
+
+def train_step(state, batch):
+    fault.point("train_step", state.comm.world_rank, batch.step)
+    attempted[batch.step] = (batch.epoch, batch.indices.tolist())
+    idx = torch.from_numpy(batch.indices)
+    loss = torch.nn.functional.cross_entropy(model(X[idx]), Y[idx], reduction="sum") / batch.global_size
+    opt.zero_grad()
+    loss.backward()
+    return loss.item()
+
+
+def on_commit(state, step, stats):
+    epoch, used = attempted[step]
+    report(event="used", step=step, epoch=epoch, indices=used, size=state.comm.size,
+           global_count=int(stats[-1]))
+
+
+def on_recover(state, event):
+    report(**{k: v for k, v in event.items() if k != "rank"})
+
+
+try:
+    summary = elastic.run(train_step, state, epochs=args.epochs, progress=False, on_commit=on_commit,
+                          on_recover=on_recover, checkpoint_dir=args.checkpoint_dir,
+                          checkpoint_every=args.checkpoint_every)
+except ftcomm.StateLostError as lost:
+    report(event="state_lost", lost_shards=lost.lost_shards, step=lost.step)
+    raise SystemExit(0)
+model.eval()
+acc = float((model(X).argmax(1) == Y).float().mean())
+report(event="done", steps=summary.steps, failures=summary.failures, redone=summary.redone_steps,
+       size=summary.world_size, accuracy=acc, epoch=state.sampler.epoch)
