@@ -1,0 +1,140 @@
+"""DDP step time on the ftcomm backend against gloo, in the same job.
+
+Each job holds two process groups over the same ranks, ftcomm (the default group) and gloo (a
+second group over the same TCP store: 127.0.0.1 and a port agreed through an MPI broadcast, see
+ftcomm/torch/rendezvous.py), and two identical DDP replicas of one MLP, one per group. Rounds
+alternate which backend goes first; each round times ``--steps`` full training steps (forward,
+backward with DDP's gradient allreduce, AdamW) per backend. Reported: median step time per
+backend and the ratio ftcomm / gloo (below 1.0 = ftcomm faster).
+
+    python benchmarks/ddp.py                      # 2 and 4 ranks, prints a table, writes results/
+    python benchmarks/ddp.py --ranks 2 --hidden 2048 --rounds 10
+
+Writes results/ddp-<time>.json (the directory is git-ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="DDP step time, ftcomm vs gloo, same job.")
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes to run (default 2 4)")
+    p.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
+    p.add_argument("--layers", type=int, default=3, help="hidden layers (default 3)")
+    p.add_argument("--batch", type=int, default=64, help="samples per rank per step (default 64)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per backend per round (default 10)")
+    p.add_argument("--rounds", type=int, default=6, help="rounds (default 6)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per backend first (default 3)")
+    p.add_argument("--timeout", type=float, default=600, help="per-job timeout in seconds (default 600)")
+    p.add_argument("--out", help="JSON output path (default results/ddp-<time>.json)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # inside the MPI job: write results here
+    return p.parse_args(argv)
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ftcomm.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("ftcomm")
+    groups = {"ftcomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def make_model():
+        torch.manual_seed(0)
+        layers, width_in = [], 256
+        for _ in range(args.layers):
+            layers += [nn.Linear(width_in, args.hidden), nn.ReLU()]
+            width_in = args.hidden
+        layers.append(nn.Linear(width_in, 10))
+        return nn.Sequential(*layers)
+
+    replicas = {}
+    for name, group in groups.items():
+        model = DDP(make_model(), process_group=group)
+        replicas[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    n_params = sum(p.numel() for p in replicas["ftcomm"][0].parameters())
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, 256, generator=gen)
+    y = torch.randint(0, 10, (args.batch,), generator=gen)
+
+    def run(name, steps):
+        model, opt = replicas[name]
+        groups[name].barrier().wait()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return (time.perf_counter() - t0) / steps
+
+    for name in groups:
+        run(name, args.warmup)
+    times = {name: [] for name in groups}
+    for r in range(args.rounds):
+        order = list(groups) if r % 2 == 0 else list(reversed(groups))
+        for name in order:
+            times[name].append(run(name, args.steps))
+    # the slowest rank's time is the step time
+    t = torch.tensor([times["ftcomm"], times["gloo"]], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["gloo"])
+    if rank == 0:
+        result = {"ranks": size, "params": n_params, "grad_mib": n_params * 4 / 2**20,
+                  "batch": args.batch, "steps": args.steps, "rounds": args.rounds,
+                  "ftcomm_s": t[0].tolist(), "gloo_s": t[1].tolist()}
+        result["ftcomm_median_s"] = statistics.median(result["ftcomm_s"])
+        result["gloo_median_s"] = statistics.median(result["gloo_s"])
+        result["ratio"] = result["ftcomm_median_s"] / result["gloo_median_s"]
+        Path(args.worker).write_text(json.dumps(result))
+    # Orderly teardown: replicas (and their reducers) first, then both groups, all ranks together.
+    del replicas, model
+    groups["ftcomm"].barrier().wait()
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    rows = []
+    for n in args.ranks:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            cmd = [sys.executable, "-m", "ftcomm.run", "-n", str(n), "--timeout", str(args.timeout),
+                   sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
+                   "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
+                   "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
+            if proc.returncode != 0 or not out.exists():
+                print(f"job with {n} ranks failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            rows.append(json.loads(out.read_text()))
+    print(f"{'ranks':>5} {'params':>9} {'grad MiB':>8} {'ftcomm ms':>10} {'gloo ms':>9} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['ranks']:>5} {r['params']:>9} {r['grad_mib']:>8.1f} {r['ftcomm_median_s'] * 1e3:>10.2f} "
+              f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x")
+    path = Path(args.out) if args.out else REPO / "results" / f"ddp-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host_cpus": os.cpu_count(), "torch_threads": 1, "runs": rows}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

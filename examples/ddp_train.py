@@ -1,0 +1,105 @@
+"""A stock DistributedDataParallel training script (MLP + AdamW on scikit-learn's bundled digits
+data set, DataLoader with DistributedSampler) that survives rank failures on ftcomm.
+
+Against the same script on gloo it differs in three lines, marked `# ftcomm`: the import that
+registers the backend, the backend name, and the loop line. Everything under "demo only" exists
+to kill a rank on purpose.
+
+    ftcomm-run -n 4 python examples/ddp_train.py
+    ftcomm-run -n 4 python examples/ddp_train.py --kill 2@30     # world rank 2 dies in step 30
+
+Prints one line per epoch and, on rank 0, `test accuracy: A` at the end; --result-json writes
+the final numbers (rank 0).
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import ftcomm.torch  # ftcomm
+
+
+def kill_spec(text):
+    rank, sep, step = text.partition("@")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected RANK@STEP, for example 2@30")
+    return int(rank), int(step)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--backend", default="ftcomm")  # ftcomm (was "gloo")
+    parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
+                        help="demo only: SIGKILL world rank RANK inside the gradient allreduce of "
+                             "optimizer step STEP (counted from 0 over the whole run)")
+    parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
+    args = parser.parse_args()
+
+    dist.init_process_group(args.backend)
+    rank = dist.get_rank()
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    train_set = TensorDataset(x_train, y_train)
+    sampler = DistributedSampler(train_set, shuffle=True, seed=0)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    ddp_model = DDP(model)
+    optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=1e-4)
+    loss_fn = nn.CrossEntropyLoss()
+
+    step = 0
+    start = time.perf_counter()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        ddp_model.train()
+        total, count = 0.0, 0
+        for xb, yb in ftcomm.torch.resilient(loader):  # ftcomm (was: for xb, yb in loader:)
+            if args.kill and args.kill[1] == step:  # demo only
+                arm_kill(args.kill[0])
+            optimizer.zero_grad()
+            loss = loss_fn(ddp_model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(yb)
+            count += len(yb)
+            step += 1
+        if dist.get_rank() == 0:
+            print(f"epoch {epoch:2d}  world size {dist.get_world_size()}  train loss {total / max(count, 1):.4f}  "
+                  f"{time.perf_counter() - start:6.1f} s", flush=True)
+
+    ddp_model.eval()
+    with torch.no_grad():
+        accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+    if dist.get_rank() == 0:
+        print(f"test accuracy: {accuracy:.4f}", flush=True)
+        if args.result_json:
+            with open(args.result_json, "w") as f:
+                json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(), "steps": step,
+                           "seconds": time.perf_counter() - start, "first_rank": rank,
+                           "recoveries": [vars(e) for e in ftcomm.torch.recoveries()]}, f)
+    dist.destroy_process_group()
+
+
+def arm_kill(world_rank):
+    """Demo only: world rank ``world_rank`` SIGKILLs itself in the next gradient allreduce."""
+    comm = dist.group.WORLD.comm
+    ftcomm.fault.inject("reduce_scatter", rank=world_rank, step=comm.last_committed_step + 1)
+
+
+if __name__ == "__main__":
+    main()

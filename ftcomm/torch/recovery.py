@@ -1,0 +1,240 @@
+"""Redoing a DDP step that a rank failure interrupted: the one line a training loop adds.
+
+    for x, y in ftcomm.torch.resilient(loader):     # was: for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+
+What happens when a rank dies during a step (say in a gradient bucket's allreduce in backward):
+
+1. The ftcomm process group sees the failure on every survivor at the same collective (ftcomm's
+   commit protocol), rebuilds its communicator over the survivors (``Communicator.recover()``), and
+   runs that collective and every later one on the survivors. Nothing raises, so DDP's backward
+   finishes normally; ``pg.size()`` / ``dist.get_world_size()`` now give the new world size.
+2. The step is *poisoned*: some of its buckets were averaged with the dead rank, some without. When
+   the user calls ``optimizer.step()``, a global optimizer pre-hook sets every gradient of that
+   optimizer to None, so the step changes nothing (params, moments and step counts untouched).
+3. At the next iteration, ``resilient`` re-splits the samples of this epoch that no applied step
+   has used (the interrupted step's batches of every rank, the dead rank's not-yet-read batches and
+   everyone's remaining ones) over the survivors, as ``DistributedSampler`` would, points the
+   sampler at the new rank and world size for later epochs, and goes on. The interrupted step is
+   thus redone over the survivors, with gradients averaged over the new world size (DDP reads
+   ``pg.size()`` at each backward), and no sample of the epoch is lost or used twice (up to the
+   padding ``DistributedSampler`` itself adds).
+
+In DDP every rank holds the full parameters and optimizer state, so the survivors already have
+everything: nothing is fetched from replicas. (ZeRO-sharded state is ``ftcomm.ShardedOptimizer``'s
+business.)
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.optim.optimizer as _optim
+
+from .executor import EXECUTOR
+
+
+@dataclass
+class RecoveryEvent:
+    """One recovery of an ftcomm process group.
+
+    Attributes:
+        lost_world_ranks: MPI_COMM_WORLD ranks lost in this failure.
+        old_size, new_size: world size of the group before and after.
+        collective: the collective that saw the failure ("allreduce", "broadcast", ...).
+        step: ftcomm's step id of the failed allreduce (None for other collectives).
+        recover_s: seconds from the failed collective's error to the rebuilt communicator.
+        time: ``time.time()`` when recovered.
+        in_resilient_step: True when a ``resilient`` loop was running (the step is redone).
+    """
+
+    lost_world_ranks: list
+    old_size: int
+    new_size: int
+    collective: str
+    step: int | None
+    recover_s: float
+    time: float = field(default_factory=time.time)
+    in_resilient_step: bool = False
+
+
+class _StepState:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.guards = 0            # resilient loops running
+        self.poisoned = False      # a failure hit the current step
+        self.skipped = False       # an optimizer step was voided in the current step
+        self.events: list[RecoveryEvent] = []
+        self.hook = None
+
+
+STATE = _StepState()
+
+
+def recoveries() -> list[RecoveryEvent]:
+    """Every recovery of an ftcomm process group in this process so far, oldest first."""
+    with STATE.lock:
+        return list(STATE.events)
+
+
+def note_recovery(event: RecoveryEvent) -> bool:
+    """Called by a process group after it rebuilt its communicator. Returns True when a resilient
+    step is running (the step is then poisoned and will be redone), False otherwise (the failed
+    collective then raises)."""
+    with STATE.lock:
+        event.in_resilient_step = STATE.guards > 0
+        STATE.events.append(event)
+        if event.in_resilient_step:
+            STATE.poisoned = True
+        return event.in_resilient_step
+
+
+def _void_poisoned_step(optimizer, args, kwargs):
+    """Global optimizer-step pre-hook: in a poisoned step, drop every gradient so the step is a
+    no-op (optimizers skip parameters whose ``grad`` is None)."""
+    if STATE.guards == 0:
+        return None
+    EXECUTOR.drain()
+    if STATE.poisoned:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        STATE.skipped = True
+    return None
+
+
+def _install_hook() -> None:
+    with STATE.lock:
+        if STATE.hook is None:
+            STATE.hook = _optim.register_optimizer_step_pre_hook(_void_poisoned_step)
+
+
+class ResilientLoader:
+    """Iterates ``loader`` like ``for batch in loader`` and redoes a step that a rank failure
+    interrupted (see the module docstring).
+
+    Args:
+        loader: a ``torch.utils.data.DataLoader``. With a ``DistributedSampler`` and a
+            ``batch_size`` the remaining samples are re-split over the survivors; with any other
+            loader the interrupted batch is yielded again on each survivor and the dead rank's
+            remaining samples of the epoch are not read.
+        process_group: the ftcomm process group DDP uses; default the default group.
+
+    Attributes:
+        steps_applied: steps whose optimizer update went through.
+        steps_redone: steps voided by a failure and redone.
+        last_step_skipped: whether the previous iteration's update was voided.
+
+    Raises (when iterating):
+        TypeError: the process group is not an ftcomm one.
+    """
+
+    def __init__(self, loader, process_group=None):
+        self.loader = loader
+        self._pg = process_group
+        self.steps_applied = 0
+        self.steps_redone = 0
+        self.last_step_skipped = False
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def step_skipped(self) -> bool:
+        """Inside the loop body, after ``optimizer.step()``: True when this iteration's update was
+        voided by a failure (its samples will be read again by the survivors)."""
+        EXECUTOR.drain()
+        return STATE.skipped
+
+    def _process_group(self):
+        from .process_group import ProcessGroupFtcomm
+
+        pg = self._pg
+        if pg is None:
+            import torch.distributed as dist
+
+            pg = dist.distributed_c10d._get_default_group()
+        if not isinstance(pg, ProcessGroupFtcomm):
+            raise TypeError(
+                f"ftcomm.torch.resilient needs an ftcomm process group, not {type(pg).__name__}: "
+                'call dist.init_process_group("ftcomm") first (or pass process_group=)')
+        return pg
+
+    def _loader_over(self, indices):
+        from torch.utils.data import DataLoader
+
+        src = self.loader
+        kwargs = dict(batch_size=src.batch_size, sampler=indices, num_workers=src.num_workers,
+                      collate_fn=src.collate_fn, pin_memory=src.pin_memory, drop_last=src.drop_last,
+                      timeout=src.timeout, worker_init_fn=src.worker_init_fn, generator=src.generator)
+        if src.num_workers > 0:
+            kwargs.update(multiprocessing_context=src.multiprocessing_context,
+                          prefetch_factor=src.prefetch_factor)
+        return DataLoader(src.dataset, **kwargs)
+
+    def __iter__(self):
+        from torch.utils.data.distributed import DistributedSampler
+
+        from . import resplit
+
+        pg = self._process_group()
+        sampler = getattr(self.loader, "sampler", None)
+        can_resplit = isinstance(sampler, DistributedSampler) and self.loader.batch_size is not None
+        batch_size = self.loader.batch_size
+        plan = None          # None: the sampler's own split of its current epoch
+        plan_size = pg.size()
+        used = 0             # batches of the current plan whose step was applied
+        generation = pg.generation
+        it = iter(self.loader)
+        redo = None
+        _install_hook()
+        EXECUTOR.drain()
+        with STATE.lock:
+            STATE.guards += 1
+            STATE.poisoned = STATE.skipped = False
+        try:
+            while True:
+                if redo is not None:
+                    batch, redo = redo, None
+                else:
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        return
+                yield batch
+                EXECUTOR.drain()
+                with STATE.lock:
+                    skipped = STATE.skipped
+                    STATE.poisoned = STATE.skipped = False
+                self.last_step_skipped = skipped
+                if skipped:
+                    self.steps_redone += 1
+                else:
+                    self.steps_applied += 1
+                    used += 1
+                if pg.generation == generation:
+                    continue
+                generation = pg.generation  # the world changed during this step
+                if can_resplit:
+                    if plan is None:
+                        plan = resplit.sampler_plan(sampler, plan_size)
+                    rest = resplit.remaining(plan, used * batch_size)
+                    plan = resplit.deal(rest, pg.size(), drop_last=sampler.drop_last)
+                    plan_size, used = pg.size(), 0
+                    resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
+                    it = iter(self._loader_over(plan[pg.rank()]))
+                elif skipped:
+                    redo = batch
+        finally:
+            with STATE.lock:
+                STATE.guards -= 1
+
+
+def resilient(loader, process_group=None) -> ResilientLoader:
+    """``for batch in ftcomm.torch.resilient(loader):`` -- iterate a DataLoader so that a step
+    interrupted by a rank failure is redone over the survivors. See ``ResilientLoader``."""
+    return ResilientLoader(loader, process_group)

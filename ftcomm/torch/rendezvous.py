@@ -1,0 +1,72 @@
+"""Environment defaults so that a stock ``dist.init_process_group("ftcomm")`` works under
+``ftcomm-run`` (or plain ``mpirun``), with no torchrun.
+
+torch's default rendezvous (``env://``) reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; MPI
+launchers set none of them. ``apply_env_defaults()`` (run by ``import ftcomm.torch``) fills in the
+missing ones from MPI:
+
+- RANK, WORLD_SIZE: the MPI_COMM_WORLD rank and size.
+- LOCAL_RANK, LOCAL_WORLD_SIZE: the rank and size among the ranks on this node.
+- MASTER_ADDR: 127.0.0.1 when every rank is on one node, else world rank 0's host name.
+- MASTER_PORT: a TCP port that was free on world rank 0, broadcast to every rank.
+
+Variables that are already set are left alone. When MASTER_ADDR or MASTER_PORT is missing this is a
+collective over MPI_COMM_WORLD (two broadcasts and one allgather of host names): every rank must
+import ``ftcomm.torch``, as every rank of a stock script does. The TCP store torch builds from
+these variables is used only while process groups are created; ftcomm's collectives never touch
+it, so losing the rank that hosts it (world rank 0) after start-up does not matter.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port that is free on this machine now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def apply_env_defaults(comm=None) -> dict:
+    """Sets the missing rendezvous variables (see the module docstring) from MPI.
+
+    Args:
+        comm: the mpi4py communicator whose ranks become torch ranks; default MPI_COMM_WORLD.
+
+    Returns:
+        The variables this call set, name -> value (empty if all were set already).
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    env = os.environ
+    added: dict[str, str] = {}
+
+    def setdefault(name: str, value) -> None:
+        if not env.get(name):
+            env[name] = added[name] = str(value)
+
+    setdefault("RANK", comm.Get_rank())
+    setdefault("WORLD_SIZE", comm.Get_size())
+    if not env.get("LOCAL_RANK") or not env.get("LOCAL_WORLD_SIZE"):
+        local_rank = env.get("OMPI_COMM_WORLD_LOCAL_RANK")
+        local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+        if local_rank is None or local_size is None:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+            local_rank, local_size = node.Get_rank(), node.Get_size()
+            node.Free()
+        setdefault("LOCAL_RANK", local_rank)
+        setdefault("LOCAL_WORLD_SIZE", local_size)
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        hosts = comm.allgather(socket.gethostname())
+        one_node = len(set(hosts)) == 1
+        addr = "127.0.0.1" if one_node else hosts[0]
+        port = free_port("127.0.0.1" if one_node else "") if comm.Get_rank() == 0 else None
+        port = comm.bcast(port, root=0)
+        setdefault("MASTER_ADDR", addr)
+        setdefault("MASTER_PORT", port)
+    return added

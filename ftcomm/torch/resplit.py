@@ -1,0 +1,74 @@
+"""Re-splitting an epoch's remaining samples over the survivors (pure index arithmetic).
+
+An epoch plan is the list of dataset indices each rank reads, in order, one list per rank, all of
+the same length (what ``DistributedSampler`` gives every rank). After ``consumed`` steps of
+``batch_size`` samples were applied, each rank has used the first ``consumed * batch_size``
+indices of its list; the rest, interleaved in the sampler's global order, is dealt again over
+the new number of ranks.
+"""
+from __future__ import annotations
+
+
+def sampler_plan(sampler, num_replicas: int) -> list[list[int]]:
+    """Every rank's index list for the sampler's current epoch, as ``DistributedSampler`` would give
+    it with ``num_replicas`` ranks. The sampler's ``rank`` is restored afterwards."""
+    saved = sampler.rank
+    try:
+        plan = []
+        for q in range(num_replicas):
+            sampler.rank = q
+            plan.append([int(i) for i in iter(sampler)])
+        return plan
+    finally:
+        sampler.rank = saved
+
+
+def remaining(plan: list[list[int]], used: int) -> list[int]:
+    """The indices not yet used when each rank used the first ``used`` entries of its list, in the
+    global (interleaved) order, each dataset index once, indices that were already used left out
+    (the sampler's padding repeats a few)."""
+    done = set()
+    for lst in plan:
+        done.update(lst[:used])
+    out, seen = [], set()
+    length = max((len(lst) for lst in plan), default=0)
+    for k in range(used, length):
+        for lst in plan:
+            if k < len(lst):
+                idx = lst[k]
+                if idx not in done and idx not in seen:
+                    seen.add(idx)
+                    out.append(idx)
+    return out
+
+
+def deal(indices: list[int], num_replicas: int, drop_last: bool = False) -> list[list[int]]:
+    """Splits ``indices`` over ``num_replicas`` ranks round-robin, as ``DistributedSampler`` does:
+    equal lengths, padded by repeating from the start (or cut, when ``drop_last``)."""
+    if num_replicas < 1:
+        raise ValueError("num_replicas must be at least 1")
+    n = len(indices)
+    if drop_last:
+        total = (n // num_replicas) * num_replicas
+        padded = indices[:total]
+    else:
+        total = -(-n // num_replicas) * num_replicas
+        padded = list(indices)
+        while len(padded) < total and indices:
+            padded += indices[: total - len(padded)]
+    return [padded[q::num_replicas] for q in range(num_replicas)]
+
+
+def reconfigure_sampler(sampler, rank: int, num_replicas: int) -> None:
+    """Points a ``DistributedSampler`` at a new rank and world size, recomputing its per-rank
+    length exactly as its constructor does (takes effect from the next ``iter``)."""
+    import math
+
+    sampler.rank = rank
+    sampler.num_replicas = num_replicas
+    n = len(sampler.dataset)
+    if sampler.drop_last and n % num_replicas != 0:
+        sampler.num_samples = math.ceil((n - num_replicas) / num_replicas)
+    else:
+        sampler.num_samples = math.ceil(n / num_replicas)
+    sampler.total_size = sampler.num_samples * num_replicas

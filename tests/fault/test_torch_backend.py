@@ -1,0 +1,96 @@
+"""The ftcomm torch.distributed backend in real multi-rank jobs (tests/harness.py): every collective
+against gloo in the same job, DDP gradients equal gloo's, a rank killed inside a DDP gradient
+bucket's allreduce (step redone, samples re-split, training converges), a raw collective failing
+cleanly outside a resilient loop, and examples/ddp_train.py --kill reaching its accuracy target."""
+import collections
+import json
+
+import pytest
+
+from harness import JOBS, REPO, run_job
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_collectives_and_ddp_gradients_match_gloo():
+    n = 3
+    job = run_job(JOBS / "torch_collectives.py", n, timeout=110)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="result")
+    assert sorted(reports) == list(range(n)), job.describe()
+    for rep in reports.values():
+        assert rep["pg_type"] == "ProcessGroupFtcomm" and rep["backend"] == "ftcomm"
+        assert rep["checks"] >= 30
+        assert rep["errors"] == {}, rep["errors"]
+        assert rep["barrier_ok"] is True
+        assert rep["unsupported"] == {k: "ok" for k in ("BAND", "reduce", "all_to_all_single", "send", "gather")}
+        assert rep["grad_err"] <= 1e-6, rep
+        assert rep["param_err"] <= 1e-6, rep
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_kill_in_ddp_backward_allreduce_is_redone_and_converges():
+    n, victim, samples, batch, epochs = 4, 2, 384, 8, 3
+    # allreduce step 6 = the gradient bucket of optimizer step 6 (one bucket per step); after it
+    # 384 - 6 x 32 = 192 samples remain, a multiple of 3, so the re-split needs no padding.
+    job = run_job(JOBS / "torch_ddp_kill.py", n, "--epochs", epochs, "--samples", samples, "--batch", batch,
+                  env={"FTCOMM_FAULT": f"rank={victim},point=reduce_scatter,step=6,kind=kill"}, timeout=110)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    survivors = [r for r in range(n) if r != victim]
+    assert sorted(finals) == survivors, job.describe()
+    for world_rank, rep in finals.items():
+        assert rep["size"] == n - 1
+        assert rep["rank"] == survivors.index(world_rank)
+        assert rep["sampler"] == [rep["rank"], n - 1]
+        assert rep["recoveries"] == [[[victim], n, n - 1, "allreduce", 6]]
+        assert rep["redone"] == 1
+        # 6 steps at 4 ranks + 192 / (3 x 8) = 8 at 3 ranks in epoch 0, then 16 per epoch
+        assert rep["applied"] == 6 + 8 + 16 * (epochs - 1), rep
+        assert rep["avg_err"] < 1e-5, "DDP must average over the new world size"
+        assert rep["accuracy"] >= 0.9, rep
+    assert len({rep["params"] for rep in finals.values()}) == 1, "survivors' parameters differ"
+    # every sample of every epoch used by exactly one applied step (the victim's own applied
+    # batches before it died included)
+    for epoch in range(epochs):
+        used = collections.Counter(
+            i for r in job.reports
+            if r["kind"] == "batch" and r["epoch"] == epoch and not r["skipped"] for i in r["idx"])
+        assert sorted(used) == list(range(samples)), f"epoch {epoch}: samples lost"
+        assert max(used.values()) == 1, f"epoch {epoch}: samples used twice"
+    skipped = [r for r in job.reports if r["kind"] == "batch" and r["skipped"]]
+    assert len(skipped) == n - 1 and all(r["epoch"] == 0 for r in skipped)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(120)
+def test_raw_allreduce_outside_resilient_raises_and_group_is_rebuilt():
+    n, victim = 4, 0  # world rank 0 also hosts torch's TCP store
+    job = run_job(JOBS / "torch_raw_kill.py", n,
+                  env={"FTCOMM_FAULT": f"rank={victim},point=allgather,step=3,kind=kill"}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [1, 2, 3], job.describe()
+    full, rest = sum(range(1, n + 1)), sum(range(2, n + 1))
+    for world_rank, rep in finals.items():
+        assert rep["failures"] == [{"step": 3, "type": "ProcFailedError", "exc_step": 3, "size_after": 3}]
+        assert rep["results"] == [full] * 3 + [rest] * 3
+        assert rep["rank"] == world_rank - 1 and rep["size"] == 3
+        assert rep["bcast"] == 1.0  # new rank 0 is world rank 1
+        assert rep["generation"] == 1 and rep["ranks"] == [0, 1, 2]
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_example_ddp_train_with_kill_reaches_target(tmp_path):
+    out = tmp_path / "result.json"
+    job = run_job(REPO / "examples" / "ddp_train.py", 4, "--kill", "1@30", "--result-json", out, timeout=120)
+    assert job.returncode == 0, job.describe()
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 3
+    assert [e["lost_world_ranks"] for e in result["recoveries"]] == [[1]]
+    assert result["accuracy"] >= 0.95, result
+    assert "test accuracy:" in job.stdout

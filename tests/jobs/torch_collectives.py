@@ -1,0 +1,164 @@
+"""Job (2-4 ranks): every collective of the ftcomm torch backend against gloo's result in the same
+job, unsupported ops, and DDP gradients/parameters after AdamW steps with ftcomm vs gloo."""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ftcomm.torch  # noqa: F401  (registers "ftcomm")
+from harness import report
+
+dist.init_process_group("ftcomm")
+GLOO = dist.new_group(backend="gloo")
+FT = dist.group.WORLD
+RANK, N = dist.get_rank(), dist.get_world_size()
+R = dist.ReduceOp
+
+
+def data(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed * 97 + RANK)
+    # small integers: every reduction order gives the same floating-point result
+    return torch.randint(-8, 9, shape, generator=g).to(dtype)
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() if a.numel() else 0.0
+
+
+errors = {}
+checks = 0
+
+
+def check(name, got, want, exact=True):
+    global checks
+    checks += 1
+    if got.shape != want.shape or got.dtype != want.dtype:
+        errors[name] = f"shape/dtype {tuple(got.shape)}/{got.dtype} vs {tuple(want.shape)}/{want.dtype}"
+    elif exact and not torch.equal(got, want):
+        errors[name] = f"differs, max rel err {rel_err(got, want):.3g}"
+    elif not exact and rel_err(got, want) > 1e-6:
+        errors[name] = f"max rel err {rel_err(got, want):.3g}"
+
+
+# allreduce: sum, min, max, product; avg against gloo's sum / N (gloo has no AVG)
+for dtype in (torch.float32, torch.float64, torch.int64):
+    for op, name in ((R.SUM, "sum"), (R.MIN, "min"), (R.MAX, "max"), (R.PRODUCT, "prod")):
+        x = data((1000 + 7,), dtype, 1)
+        if op == R.PRODUCT:
+            x = x.clamp(1, 3)
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, op=op, group=FT)
+        dist.all_reduce(b, op=op, group=GLOO)
+        check(f"allreduce_{name}_{dtype}", a, b)
+x = data((513,), torch.float32, 2)
+a, b = x.clone(), x.clone()
+work = dist.all_reduce(a, op=R.AVG, async_op=True)
+fut_value = work.get_future().wait()
+work.wait()
+dist.all_reduce(b, group=GLOO)
+check("allreduce_avg_float32", a, b / N, exact=False)
+check("future_value_is_output", fut_value[0], a)
+
+# broadcast (any dtype) from each root
+for root in range(N):
+    for dtype in (torch.float32, torch.uint8, torch.bool):
+        x = data((33, 5), torch.int64, 3 + root).abs().to(dtype)
+        a, b = x.clone(), x.clone()
+        dist.broadcast(a, src=root, group=FT)
+        dist.broadcast(b, src=root, group=GLOO)
+        check(f"broadcast_root{root}_{dtype}", a, b)
+# broadcast of a non-contiguous tensor
+x = data((6, 8), torch.float32, 4)
+a, b = x.clone().t(), x.clone().t()
+dist.broadcast(a, src=N - 1, group=FT)
+dist.broadcast(b, src=N - 1, group=GLOO)
+check("broadcast_noncontiguous", a, b)
+
+# allgather (list) and all_gather_into_tensor
+x = data((10, 3), torch.float32, 5)
+outs_a = [torch.empty_like(x) for _ in range(N)]
+outs_b = [torch.empty_like(x) for _ in range(N)]
+dist.all_gather(outs_a, x, group=FT)
+dist.all_gather(outs_b, x, group=GLOO)
+for j in range(N):
+    check(f"all_gather_{j}", outs_a[j], outs_b[j])
+x = data((257,), torch.bfloat16, 6)
+a, b = torch.empty(N * 257, dtype=torch.bfloat16), torch.empty(N * 257, dtype=torch.bfloat16)
+dist.all_gather_into_tensor(a, x, group=FT)
+dist.all_gather_into_tensor(b, x, group=GLOO)
+check("all_gather_into_tensor_bf16", a, b)
+a = torch.empty(N * 257, dtype=torch.bfloat16)
+FT._allgather_base(a, x).wait()
+check("_allgather_base", a, b)
+
+# reduce_scatter (list) and reduce_scatter_tensor; inputs must stay unchanged
+ins = [data((4, 5), torch.float32, 7 + j) for j in range(N)]
+keep = [t.clone() for t in ins]
+a, b = torch.empty(4, 5), torch.empty(4, 5)
+dist.reduce_scatter(a, ins, group=FT)
+check("reduce_scatter_inputs_untouched", torch.stack(ins), torch.stack(keep))
+dist.reduce_scatter(b, ins, group=GLOO)
+check("reduce_scatter_sum", a, b)
+x = data((N * 100,), torch.float64, 8)
+x0 = x.clone()
+a, b = torch.empty(100, dtype=torch.float64), torch.empty(100, dtype=torch.float64)
+dist.reduce_scatter_tensor(a, x, op=R.MAX, group=FT)
+dist.reduce_scatter_tensor(b, x, op=R.MAX, group=GLOO)
+check("reduce_scatter_tensor_max", a, b)
+check("reduce_scatter_tensor_input_untouched", x, x0)
+a = torch.empty(100, dtype=torch.float64)
+FT._reduce_scatter_base(a, x).wait()
+dist.reduce_scatter_tensor(b, x, group=GLOO)
+check("_reduce_scatter_base_sum", a, b)
+
+dist.barrier()
+barrier_work = FT.barrier()
+barrier_ok = barrier_work.wait() and barrier_work.is_completed() and barrier_work.is_success()
+
+# unsupported ops fail clearly (on every rank, before any communication)
+unsupported = {}
+attempts = {
+    "BAND": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=R.BAND),
+    "reduce": lambda: dist.reduce(torch.ones(2), dst=0),
+    "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(N), torch.ones(N)),
+    "send": lambda: dist.send(torch.ones(2), dst=(RANK + 1) % N),
+    "gather": lambda: dist.gather(torch.ones(2), [torch.empty(2) for _ in range(N)] if RANK == 0 else None, dst=0),
+}
+for name, fn in attempts.items():
+    try:
+        fn()
+        unsupported[name] = "no error"
+    except NotImplementedError as exc:
+        unsupported[name] = "ok" if name in str(exc) else f"message does not name it: {exc}"
+    except Exception as exc:  # noqa: BLE001
+        unsupported[name] = f"{type(exc).__name__}: {exc}"
+
+
+# DDP with AdamW, same seeds, ftcomm vs gloo: gradients and parameters after each step
+def ddp_run(group, steps=3):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 5))
+    ddp = DDP(model, process_group=group)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1000 + RANK)
+    grads, params = [], []
+    for _ in range(steps):
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    return grads, params
+
+
+gf, pf = ddp_run(None)
+gg, pg_ = ddp_run(GLOO)
+grad_err = max(rel_err(a, b) for sa, sb in zip(gf, gg) for a, b in zip(sa, sb))
+param_err = max(rel_err(a, b) for sa, sb in zip(pf, pg_) for a, b in zip(sa, sb))
+
+report(kind="result", rank=RANK, size=N, backend=dist.get_backend(), checks=checks, errors=errors,
+       barrier_ok=bool(barrier_ok), unsupported=unsupported, grad_err=grad_err, param_err=param_err,
+       pg_type=type(FT).__name__)
+dist.destroy_process_group()

@@ -1,0 +1,142 @@
+"""One-process checks of ftcomm.torch: registration, env defaults, a size-1 group's collectives and
+Work objects, unsupported ops, the sample re-split arithmetic and the voided-step optimizer hook."""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import ftcomm.torch as ft  # noqa: E402
+from ftcomm.torch import resplit  # noqa: E402
+from ftcomm.torch.recovery import STATE, _install_hook  # noqa: E402
+from ftcomm.torch.work import FtWork, make_future  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def group():
+    dist.init_process_group("ftcomm")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_backend_registered_and_env_defaults():
+    assert "ftcomm" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["ftcomm"] == ["cpu"]
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        assert os.environ.get(key), key
+    assert 0 < int(os.environ["MASTER_PORT"]) < 65536
+
+
+def test_group_identity(group):
+    assert isinstance(group, ft.ProcessGroupFtcomm)
+    assert dist.get_backend() == "ftcomm"
+    assert (group.rank(), group.size(), dist.get_world_size()) == (0, 1, 1)
+    assert group.generation == 0
+
+
+def test_size_one_collectives(group):
+    t = torch.arange(6, dtype=torch.float32)
+    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+    assert isinstance(work, FtWork)
+    assert work.wait() is True and work.is_completed() and work.is_success() and work.exception() is None
+    assert work.get_future().value()[0] is t
+    assert torch.equal(t, torch.arange(6.0))
+    out = torch.empty(6)
+    dist.all_gather_into_tensor(out, t)
+    assert torch.equal(out, t)
+    rs = torch.empty(6)
+    dist.reduce_scatter_tensor(rs, t * 2)
+    assert torch.equal(rs, t * 2)
+    b = torch.tensor([True, False])
+    dist.broadcast(b, src=0)
+    assert b.tolist() == [True, False]
+    dist.barrier()
+
+
+@pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])
+def test_unsupported_reduce_op_names_it(group, op):
+    with pytest.raises(NotImplementedError, match=op):
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=getattr(dist.ReduceOp, op))
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: dist.reduce(torch.ones(2), dst=0), "reduce"),
+    (lambda: dist.all_to_all_single(torch.empty(1), torch.ones(1)), "all_to_all_single"),
+    (lambda: dist.scatter(torch.empty(1), [torch.ones(1)], src=0), "scatter"),
+])
+def test_unsupported_collective_names_it(group, call, name):
+    with pytest.raises(NotImplementedError, match=name):
+        call()
+
+
+def test_bad_dtype_fails_through_work(group):
+    work = dist.all_reduce(torch.ones(3, dtype=torch.uint8), async_op=True)
+    with pytest.raises(ValueError):  # ftcomm.InvalidInputError is a ValueError
+        work.wait()
+    assert work.is_completed() and not work.is_success() and work.exception() is not None
+
+
+def test_work_reports_future_exception():
+    fut = make_future()
+    work = FtWork(fut, "allreduce")
+    assert not work.is_completed()
+    fut.set_exception(RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        work.wait()
+
+
+def test_remaining_and_deal():
+    plan = [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
+    rest = resplit.remaining(plan, 1)
+    assert rest == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert resplit.deal(rest, 3) == [[4, 7, 10], [5, 8, 11], [6, 9, 4]]
+    assert resplit.deal(rest, 3, drop_last=True) == [[4, 7], [5, 8], [6, 9]]
+    # padding repeats of already used indices are not used again
+    assert resplit.remaining([[0, 2], [1, 0]], 1) == [2]
+
+
+def test_sampler_plan_and_reconfigure():
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = list(range(10))
+    sampler = DistributedSampler(data, num_replicas=4, rank=1, shuffle=True, seed=5)
+    sampler.set_epoch(2)
+    plan = resplit.sampler_plan(sampler, 4)
+    assert sampler.rank == 1 and plan[1] == list(sampler)
+    assert [len(lst) for lst in plan] == [3, 3, 3, 3]
+    assert {i for lst in plan for i in lst} == set(data)
+    resplit.reconfigure_sampler(sampler, rank=0, num_replicas=3)
+    fresh = DistributedSampler(data, num_replicas=3, rank=0, shuffle=True, seed=5)
+    fresh.set_epoch(2)
+    assert (sampler.num_samples, sampler.total_size, list(sampler)) == (fresh.num_samples, fresh.total_size, list(fresh))
+
+
+def test_poisoned_step_leaves_adamw_untouched():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+    model(torch.ones(4, 3)).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    _install_hook()
+    with STATE.lock:
+        STATE.guards += 1
+        STATE.poisoned, STATE.skipped = True, False
+    try:
+        opt.step()
+        assert STATE.skipped
+    finally:
+        with STATE.lock:
+            STATE.guards -= 1
+            STATE.poisoned = STATE.skipped = False
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    assert len(opt.state) == 0  # no moments, no step count
+    model(torch.ones(4, 3)).sum().backward()
+    opt.step()  # no guard: a normal step
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_resilient_needs_ftcomm_group(group):
+    other = dist.new_group(backend="gloo")
+    with pytest.raises(TypeError, match="ftcomm process group"):
+        iter(ft.resilient([1, 2], process_group=other)).__next__()
