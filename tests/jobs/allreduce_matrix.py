@@ -25,7 +25,7 @@ for dtype in DTYPES:
             count = (64 << 20) // itemsize + 3 if count is None else count
             buf = make_buffer(rank_input(world_rank, count, dtype, op), dtype)
             comm.allreduce(buf, op=op, chunk_bytes=(1 << 14) if count < (1 << 20) else None)
-            ref = reference([rank_input(r, count, dtype, op) for r in range(n)], dtype, op)
+            ref = reference((rank_input(r, count, dtype, op) for r in range(n)), dtype, op)
             result = as_float64(buf)
             case = f"{dtype}/{op}/{count}"
             if mismatch(result, ref, tolerance(dtype, op)):
