@@ -15,6 +15,7 @@
 #include "collectives/allreduce_step.h"
 #include "collectives/exchange.h"
 #include "core/communicator.h"
+#include "core/liveness.h"
 #include "core/mpi_compat.h"
 #include "core/watchdog.h"
 #include "fault/injection.h"
@@ -207,6 +208,19 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("comm"), py::arg("sends"), py::arg("recvs"), py::arg("tag"), py::arg("timeout"));
 
+  m.def("minmax",
+        [](PyCommunicator& c, const std::vector<int64_t>& values, double timeout) {
+          std::vector<int64_t> mins, maxs;
+          Status s;
+          {
+            py::gil_scoped_release release;
+            s = ftcomm::MinMaxAcrossRanks(*c.core, values, &mins, &maxs, timeout);
+          }
+          ThrowIfError(s);
+          return std::make_tuple(mins, maxs);
+        },
+        py::arg("comm"), py::arg("values"), py::arg("timeout"));
+
   m.def("fault_add",
         [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk,
            int kind) {
@@ -234,6 +248,11 @@ PYBIND11_MODULE(_C, m) {
                                                   : ftcomm::watchdog::Action::kKillSelf);
         });
   m.def("watchdog_disarm", &ftcomm::watchdog::Disarm);
+  // Hang detection and fencing (core/liveness.h).
+  m.def("liveness_mark_exiting", &ftcomm::liveness::MarkExiting,
+        "This rank is shutting down cleanly: peers must not fence it.");
+  m.def("fence_timeout", &ftcomm::liveness::FenceTimeout,
+        "Seconds of silence after which a waiting peer fences a rank.");
 
   RegisterCudaBindings(m);  // issue #6: CUDA kernels and staged device allreduce (or stubs)
 }

@@ -40,11 +40,42 @@ def record_lost(world_ranks) -> None:
     lost_world_ranks.update(int(r) for r in world_ranks)
 
 
+def _publish_pid() -> None:
+    """Leaves this rank's pid in the run directory, so that `ftcomm-run --timeout` can kill a
+    rank that hangs: Open MPI may start ranks outside the launcher's process group."""
+    run_dir = os.environ.get("FTCOMM_RUN_DIR")
+    if run_dir:
+        try:
+            with open(os.path.join(run_dir, f"pid-rank{MPI.COMM_WORLD.Get_rank()}"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass
+
+
+_publish_pid()
+
+# Set when the program ends by an uncaught exception: its exit status would be 1, but MPI_Finalize
+# may overrun after failures and the watchdog then exits with 0, so the exit report carries it to
+# ftcomm-run, which must not call such a job "recovered".
+_uncaught = False
+_previous_excepthook = sys.excepthook
+
+
+def _note_uncaught(exc_type, exc, tb) -> None:
+    global _uncaught
+    _uncaught = True
+    _previous_excepthook(exc_type, exc, tb)
+
+
+sys.excepthook = _note_uncaught
+
+
 def _write_exit_report() -> None:
     run_dir = os.environ.get("FTCOMM_RUN_DIR")
     if not run_dir:
         return
-    report = {"world_rank": MPI.COMM_WORLD.Get_rank(), "pid": os.getpid(), "lost": sorted(lost_world_ranks)}
+    report = {"world_rank": MPI.COMM_WORLD.Get_rank(), "pid": os.getpid(), "lost": sorted(lost_world_ranks),
+              "uncaught_exception": _uncaught}
     try:
         with open(os.path.join(run_dir, f"rank{report['world_rank']}.json"), "w") as f:
             json.dump(report, f)
@@ -57,6 +88,7 @@ def shutdown() -> None:
     the survivors; if it does not return within FTCOMM_FINALIZE_TIMEOUT seconds the watchdog ends
     the process with status 0 (its work is done)."""
     _write_exit_report()
+    _C.liveness_mark_exiting()  # from here on no peer may fence this rank as stuck
     if MPI.Is_initialized() and not MPI.Is_finalized():
         sys.stdout.flush()
         sys.stderr.flush()

@@ -8,9 +8,13 @@ mpi4py, whose fallbacks are not fault tolerant. Every blocking call has a deadli
 """
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
+
 from . import _buffers, _C, _runtime, config
 from .dtypes import op_code
-from .errors import ProcFailedError, UlfmUnavailableError
+from .errors import InvalidInputError, ProcFailedError, UlfmUnavailableError
 
 _ULFM_HINT = (
     "MPI runs without ULFM. Launch with `ftcomm-run -n N ...` (Open MPI: mpirun --with-ft ulfm); "
@@ -126,11 +130,14 @@ class Communicator:
         then left out). Without ULFM it is an allreduce and assumes nobody fails.
 
         Raises:
+            InvalidInputError (a ValueError): ``flag`` is not an int in [0, 2**31). Raised on this
+                rank before any communication (an agreement has no room to carry the reason to
+                the others, who then wait for this rank as for any late one).
             CollectiveTimeoutError: no agreement within ``timeout`` seconds.
             RevokedError, ProcFailedError: only if failures keep arriving during the call.
         """
-        if not 0 <= int(flag) < 2**31:
-            raise ValueError(f"flag must be in [0, 2**31), not {flag}")
+        if isinstance(flag, bool) or not isinstance(flag, (int, np.integer)) or not 0 <= flag < 2**31:
+            raise InvalidInputError(f"agree: flag must be an int in [0, 2**31), not {flag!r}")
         value, _saw_failure = self._core.agree(int(flag), _timeout(timeout))
         return value
 
@@ -247,6 +254,11 @@ class Communicator:
             CollectiveTimeoutError: not complete within ``timeout`` seconds.
             InvalidInputError: a buffer is not contiguous host memory, or a peer rank is invalid.
         """
+        # Checked here, before anything is posted: the core revokes the communicator on any error
+        # once transfers are in flight, and a typo in a peer rank should not cost the communicator.
+        for p, _ in (*sends, *recvs):
+            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < self.size:
+                raise InvalidInputError(f"exchange: peer {p!r} is not a rank of the communicator (0..{self.size - 1})")
         send_list = [(int(p), *_buffers.raw(b, writable=False)) for p, b in sends]
         recv_list = [(int(p), *_buffers.raw(b, writable=True)) for p, b in recvs]
         _C.exchange(self._core, send_list, recv_list, int(tag), _timeout(timeout))
@@ -254,16 +266,30 @@ class Communicator:
     def allgather(self, sendbuf, recvbuf, timeout: float | None = None) -> None:
         """Ring allgather: ``recvbuf`` (``size * len(sendbuf)`` elements, same dtype, contiguous)
         receives every rank's ``sendbuf`` in rank order. N-1 ring steps of one ``exchange`` each.
-        Local outcome, as ``exchange``.
+
+        Input is validated across ranks first (one small round of messages): a bad buffer on any
+        rank, or sizes or dtypes that differ between ranks, raise the same InvalidInputError on
+        every rank before any buffer is touched. Failures during the transfer are a local outcome,
+        as for ``exchange``; ``timeout`` is in seconds, per phase.
+
+        Raises:
+            InvalidInputError: on every rank, as above.
+            ProcFailedError, RevokedError, CollectiveTimeoutError: as ``exchange`` (local).
         """
         n, r = self.size, self.rank
+        problem, fields = 0, [0, 0, 0]
+        try:
+            send_bytes = _buffers.raw(sendbuf, writable=False)[1]
+            recv_bytes = _buffers.raw(recvbuf, writable=True)[1]
+            fields = [send_bytes, recv_bytes, _dtype_key(sendbuf)]
+            if recv_bytes != n * send_bytes:
+                problem = _RECV_SIZE
+            elif _dtype_key(recvbuf) != _dtype_key(sendbuf):
+                problem = _DTYPE_DIFFERS
+        except InvalidInputError:
+            problem = _NOT_A_BUFFER
+        self._validate("allgather", problem, fields, ("sendbuf bytes", "recvbuf bytes", "dtypes"), timeout)
         blocks = _split_blocks(recvbuf, n)
-        if _nbytes(sendbuf) != _nbytes(blocks[0]):
-            from .errors import InvalidInputError
-
-            raise InvalidInputError(
-                f"allgather: recvbuf must hold size x sendbuf ({n} x {_nbytes(sendbuf)} bytes), "
-                f"it holds {_nbytes(recvbuf)} bytes")
         _copy_into(blocks[r], sendbuf)
         right, left = (r + 1) % n, (r - 1) % n
         for k in range(n - 1):
@@ -271,13 +297,28 @@ class Communicator:
                           tag=_ALLGATHER_TAG, timeout=timeout)
 
     def broadcast(self, buf, root: int = 0, timeout: float | None = None) -> None:
-        """Sends ``buf`` from ``root`` to every rank, in place (binomial tree). Local outcome, as
-        ``exchange``."""
-        n, r = self.size, self.rank
-        if not 0 <= root < n:
-            from .errors import InvalidInputError
+        """Sends ``buf`` from ``root`` to every rank, in place (binomial tree). Input (``root``, the
+        buffer's size and dtype) is validated across ranks first, as for ``allgather``; failures
+        during the transfer are a local outcome, as ``exchange``. ``timeout`` in seconds, per phase.
 
-            raise InvalidInputError(f"broadcast: root {root} is outside 0..{n - 1}")
+        Raises:
+            InvalidInputError: on every rank: a bad buffer or root on some rank, or roots, sizes or
+                dtypes that differ between ranks. ``buf`` untouched.
+            ProcFailedError, RevokedError, CollectiveTimeoutError: as ``exchange`` (local).
+        """
+        n, r = self.size, self.rank
+        problem, fields = 0, [0, 0, 0]
+        try:
+            fields = [_buffers.raw(buf, writable=True)[1], _dtype_key(buf), 0]
+            if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+                problem = _BAD_ROOT
+            else:
+                fields[2] = int(root)
+                if not 0 <= root < n:
+                    problem = _BAD_ROOT
+        except InvalidInputError:
+            problem = _NOT_A_BUFFER
+        self._validate("broadcast", problem, fields, ("buffer bytes", "dtypes", "roots"), timeout)
         rel = (r - root) % n
         mask = 1
         while mask < n:  # receive from the parent
@@ -291,20 +332,41 @@ class Communicator:
                 self.exchange(sends=[((r + mask) % n, buf)], tag=_BROADCAST_TAG, timeout=timeout)
             mask >>= 1
 
+    def _validate(self, what: str, problem: int, fields, names, timeout) -> None:
+        """Uniform input check of a collective helper: every rank brings its own problem code (0 =
+        none) and the values that must be equal everywhere; one min/max round gives every rank the
+        same view, hence the same InvalidInputError (or none)."""
+        values = [problem, self.rank if problem else -1, *[int(f) for f in fields]]
+        mins, maxs = _C.minmax(self._core, values, _timeout(timeout))
+        if maxs[0]:
+            raise InvalidInputError(f"{what}: rank {maxs[1]} passed bad input: {_PROBLEMS[maxs[0]]}")
+        for i, name in enumerate(names):
+            if mins[2 + i] != maxs[2 + i]:
+                values = "" if name == "dtypes" else f" (from {mins[2 + i]} to {maxs[2 + i]})"
+                raise InvalidInputError(f"{what}: ranks passed different {name}{values}")
+
 
 _ALLGATHER_TAG = 7101
 _BROADCAST_TAG = 7102
 
+# Problem codes of the helpers' uniform validation (the highest code wins the message).
+_NOT_A_BUFFER, _RECV_SIZE, _DTYPE_DIFFERS, _BAD_ROOT = 1, 2, 3, 4
+_PROBLEMS = {
+    _NOT_A_BUFFER: "a buffer is not a contiguous (writable) numpy array or CPU tensor",
+    _RECV_SIZE: "recvbuf does not hold size x sendbuf bytes",
+    _DTYPE_DIFFERS: "sendbuf and recvbuf dtypes differ",
+    _BAD_ROOT: "root is not a rank of the communicator",
+}
 
-def _nbytes(buf) -> int:
-    return buf.nbytes if hasattr(buf, "nbytes") else buf.numel() * buf.element_size()
+
+def _dtype_key(buf) -> int:
+    """A small stable integer naming a buffer's dtype, compared across ranks."""
+    return zlib.crc32(str(getattr(buf, "dtype", type(buf).__name__)).replace("torch.", "").encode()) & 0x7FFFFFFF
 
 
 def _split_blocks(buf, n):
     flat = buf.reshape(-1)
     if flat.shape[0] % n:
-        from .errors import InvalidInputError
-
         raise InvalidInputError(f"allgather: recvbuf length {flat.shape[0]} is not a multiple of size {n}")
     per = flat.shape[0] // n
     return [flat[i * per:(i + 1) * per] for i in range(n)]

@@ -29,6 +29,7 @@ import torch
 from . import fault, rebuild as _rebuild
 from .errors import FtError, ProcFailedError
 from .replica import ReplicaStore, encode_header
+from . import nodes
 from .shard import ShardLayout
 
 _F32 = np.float32
@@ -153,6 +154,7 @@ class ShardedOptimizer:
         self.committed_meta: dict = {}  # caller's metadata (data position, RNG) at step_id
         self.last_bytes_replicated = 0
         numel = sum(p.numel() for p in self.params)
+        nodes.register(comm, timeout)  # issue 9: replicas on other nodes than their owners
         self.layout = ShardLayout(numel, tuple(comm.world_ranks))
         flat = np.zeros(self.layout.padded, _F32)
         self._copy_params_into(flat)

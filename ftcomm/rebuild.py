@@ -31,7 +31,7 @@ def choose_sources(old: ShardLayout, alive_world: set, replicas: int, bad=frozen
         lo, hi = old.bounds(shard)
         if lo == hi:
             continue  # padding only: nothing to restore
-        cands = [h for h in holders(shard, old.size, replicas)
+        cands = [h for h in holders(shard, old.size, replicas, old.nodes)
                  if old.world_ranks[h] in alive_world and (shard, h) not in bad]
         if cands:
             sources[shard] = cands[0]

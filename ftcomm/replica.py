@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .shard import buddies, wards
+from .shard import buddies, nodes_of, wards
 
 HEADER_BYTES = 32 * 1024  # fixed, so that receivers know every message size in advance
 _TAG = 7301
@@ -115,10 +115,11 @@ class ReplicaStore:
         """
         self.discard_pending()
         rank, size = comm.rank, comm.size
+        nodes = nodes_of(comm.world_ranks)  # node-aware placement once nodes are registered
         sends, recvs = [], []
-        for peer in buddies(rank, size, self.replicas):
+        for peer in buddies(rank, size, self.replicas, nodes):
             sends += [(peer, header), (peer, state)]
-        for ward in wards(rank, size, self.replicas):
+        for ward in wards(rank, size, self.replicas, nodes):
             slot = self._buffer(state.shape)
             self.pending[ward] = slot
             recvs += [(ward, slot.header), (ward, slot.state)]

@@ -90,6 +90,10 @@ def build_command(args, run_dir: str) -> list[str]:
         cmd += ["-n", str(args.np)]
         if args.hostfile:
             cmd += ["--hostfile", args.hostfile]
+        if args.ranks_per_node:  # issue 9: a fixed number of ranks on each node
+            cmd += ["--map-by", f"ppr:{args.ranks_per_node}:node"]
+        if args.fake_nodes:  # issue 9: the hostfile's nodes are played by this machine
+            cmd += ["--mca", "plm_rsh_agent", str(config_dir() / "fake_node_rsh.sh")]
         if args.oversubscribe:
             cmd += ["--oversubscribe"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -135,6 +139,11 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, help="kill the whole job after this many seconds (exit 124)")
     p.add_argument("--recovered-exit-code", type=int, default=0,
                    help="exit status for a job that lost ranks and recovered (default 0)")
+    p.add_argument("--ranks-per-node", type=int, metavar="K",
+                   help="place K ranks on each node of the hostfile (--map-by ppr:K:node)")
+    p.add_argument("--fake-nodes", action="store_true",
+                   help="testing: run every node of --hostfile on this machine, one PRRTE daemon per "
+                        "made-up node name (mpi_configs/fake_node_rsh.sh; ranks see FTCOMM_FAKE_NODE)")
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
     p.add_argument("program", nargs=argparse.REMAINDER, help="program and its arguments")
     args = p.parse_args(argv)
@@ -142,16 +151,35 @@ def parse_args(argv=None):
         p.error("-n must be at least 1")
     if not args.program:
         p.error("no program given")
+    if args.fake_nodes and not args.hostfile:
+        p.error("--fake-nodes needs --hostfile (one line per made-up node: `n1 slots=2`)")
+    if args.fake_nodes and "btl" not in {name for name, _ in args.mca}:
+        # The made-up nodes share one machine: the sm transport's segments of two fake nodes
+        # collide (a segfault in mca_btl_sm_poll_handle_frag at the first MPI_Comm_dup, seen with
+        # 5.0.11), so every rank talks TCP, as it would between real nodes.
+        args.mca.append(("btl", "self,tcp"))
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        p.error("--ranks-per-node must be at least 1")
     return args
 
 
-def _run(cmd: list[str], timeout: float | None) -> int:
+def _kill_ranks(run_dir: str) -> None:
+    """SIGKILLs the ranks that published their pid (ftcomm/_runtime.py) on this host."""
+    for path in Path(run_dir).glob("pid-rank*"):
+        try:
+            os.kill(int(path.read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # already gone, or not a pid of ours
+
+
+def _run(cmd: list[str], timeout: float | None, run_dir: str) -> int:
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"ftcomm-run: --timeout {timeout:g} s expired; killing the job", file=sys.stderr)
         os.killpg(proc.pid, signal.SIGKILL)
+        _kill_ranks(run_dir)  # ranks may sit in another process group than mpirun
         proc.wait()
         return 124
     except KeyboardInterrupt:
@@ -170,6 +198,16 @@ def summarize(run_dir: str, world_size: int) -> tuple[list[int], list[int]]:
     return sorted(finished), sorted(lost | missing)
 
 
+def failed_ranks(run_dir: str) -> list[int]:
+    """World ranks whose exit report says the program ended by an uncaught exception."""
+    out = []
+    for path in Path(run_dir).glob("rank*.json"):
+        report = json.loads(path.read_text())
+        if report.get("uncaught_exception"):
+            out.append(report["world_rank"])
+    return sorted(out)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ftcomm-run-") as run_dir:
@@ -177,9 +215,17 @@ def main(argv=None) -> int:
         if args.dry_run:
             print(shlex.join(cmd))
             return 0
-        rc = _run(cmd, args.timeout)
+        rc = _run(cmd, args.timeout, run_dir)
         finished, lost = summarize(run_dir, args.np)
-    if rc == 0 and lost and finished:
+        crashed = failed_ranks(run_dir)
+    if rc == 0 and crashed:  # e.g. MPI_Finalize overran after the error and the rank exited 0
+        print(f"ftcomm-run: job failed: world rank(s) {crashed} ended by an uncaught exception",
+              file=sys.stderr)
+        return 1
+    if rc == 0 and lost and not finished:  # every rank was lost: nothing recovered
+        print(f"ftcomm-run: job failed: all {args.np} ranks lost", file=sys.stderr)
+        return 1
+    if rc == 0 and lost:
         print(f"ftcomm-run: job recovered: {len(finished)} of {args.np} ranks finished, "
               f"lost world rank(s) {lost}", file=sys.stderr)
         return args.recovered_exit_code

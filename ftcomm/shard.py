@@ -53,6 +53,12 @@ class ShardLayout:
         """Flat index of the shard's first element (padding counted)."""
         return shard * self.shard_len
 
+    @property
+    def nodes(self) -> tuple | None:
+        """Node name of each shard's owner, from the node registry (``register_nodes``); None
+        when some owner's node is unknown (buddies are then plain ring successors)."""
+        return nodes_of(self.world_ranks)
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -107,18 +113,81 @@ def reshard_plan(old: ShardLayout, new: ShardLayout, source: dict) -> list[Piece
     return pieces
 
 
-def holders(shard: int, size: int, replicas: int) -> list[int]:
-    """Old ranks that hold a copy of ``shard``, best first: the owner, then its ``replicas``
-    buddies (ring successors) in ring order (Fenix-style buddy placement)."""
+# -- node-aware buddy placement (issue 9) ------------------------------------------------------
+# World rank -> node name, the same on every rank (filled by one collective, ``register_nodes``).
+_NODE_OF_WORLD: dict = {}
+
+
+def register_nodes(mapping: dict) -> None:
+    """Records the node of each world rank (``{world_rank: node_name}``). Call it with the same
+    mapping on every rank (ftcomm.nodes.register(comm) gathers it collectively)."""
+    _NODE_OF_WORLD.update({int(w): str(n) for w, n in mapping.items()})
+
+
+def nodes_of(world_ranks) -> tuple | None:
+    """Node of each world rank in ``world_ranks``, or None if any is unknown."""
+    try:
+        return tuple(_NODE_OF_WORLD[int(w)] for w in world_ranks)
+    except KeyError:
+        return None
+
+
+def _node_major(size: int, nodes) -> list[int]:
+    """Ranks grouped by node (nodes in order of first appearance), rank order within a node."""
+    first = {}
+    for r in range(size):
+        first.setdefault(nodes[r], r)
+    return sorted(range(size), key=lambda r: (first[nodes[r]], r))
+
+
+def buddies(rank: int, size: int, replicas: int, nodes=None) -> list[int]:
+    """Ranks that keep a replica of ``rank``'s shard.
+
+    Without ``nodes``: its ``replicas`` ring successors (Fenix-style buddy placement).
+
+    With ``nodes`` (node name per rank): buddies on other nodes than ``rank``'s, each on a
+    different node while there are enough nodes, so that the loss of a whole node never takes a
+    shard and all its replicas (as long as ``replicas`` >= 1 and there are >= 2 nodes). Ranks
+    are walked in node-major order starting one node-stride (the largest node's rank count)
+    after ``rank``, which spreads the replicas evenly when nodes hold equally many ranks
+    (2 nodes x 2 ranks, k=1: 0->2, 1->3, 2->0, 3->1). Only when there are too few other nodes
+    does a buddy share ``rank``'s node.
+    """
     k = min(replicas, size - 1)
-    return [(shard + d) % size for d in range(k + 1)]
+    if nodes is None or k <= 0:
+        return [(rank + d) % size for d in range(1, k + 1)]
+    if len(nodes) != size:
+        raise ValueError(f"nodes names {len(nodes)} ranks, the communicator has {size}")
+    order = _node_major(size, nodes)
+    stride = max(sum(1 for n in nodes if n == m) for m in set(nodes))
+    pos = order.index(rank)
+    # The d-th choice is d node-strides on (balanced for equal nodes), then everything else.
+    cands = [order[(pos + d * stride) % size] for d in range(1, size + 1)]
+    cands += [order[(pos + stride + j) % size] for j in range(size)]
+    cands = [c for c in dict.fromkeys(cands) if c != rank]
+    mine, chosen, used = nodes[rank], [], set()
+    for accept in (lambda c: nodes[c] != mine and nodes[c] not in used,  # a new other node
+                   lambda c: nodes[c] != mine,                          # any other node
+                   lambda c: True):                                     # too few nodes
+        for c in cands:
+            if len(chosen) == k:
+                break
+            if c not in chosen and accept(c):
+                chosen.append(c)
+                used.add(nodes[c])
+    return chosen
 
 
-def buddies(rank: int, size: int, replicas: int) -> list[int]:
-    """Ranks that keep a replica of ``rank``'s shard: its ``replicas`` ring successors."""
-    return [(rank + d) % size for d in range(1, min(replicas, size - 1) + 1)]
+def holders(shard: int, size: int, replicas: int, nodes=None) -> list[int]:
+    """Old ranks that hold a copy of ``shard``, best first: the owner, then its buddies in the
+    order ``buddies`` gives."""
+    return [shard, *buddies(shard, size, replicas, nodes)]
 
 
-def wards(rank: int, size: int, replicas: int) -> list[int]:
-    """Ranks whose replicas ``rank`` keeps: its ``replicas`` ring predecessors."""
-    return [(rank - d) % size for d in range(1, min(replicas, size - 1) + 1)]
+def wards(rank: int, size: int, replicas: int, nodes=None) -> list[int]:
+    """Ranks whose replicas ``rank`` keeps (the inverse of ``buddies``), nearest ring
+    predecessor first."""
+    if nodes is None:
+        return [(rank - d) % size for d in range(1, min(replicas, size - 1) + 1)]
+    return [w for w in ((rank - d) % size for d in range(1, size))
+            if rank in buddies(w, size, replicas, nodes)]

@@ -17,6 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
 _TAG = "FTCOMM-REPORT "
+_TORCH_RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def report(**values) -> None:
@@ -51,6 +52,10 @@ def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120
     """Runs ``ftcomm-run -n N python script args...`` with a hard timeout (the launcher kills
     the whole job and exits 124 when it expires; the subprocess timeout is a second fence)."""
     full_env = dict(os.environ)
+    # torch rendezvous variables set in this (pytest) process, e.g. by a one-process test that
+    # imported ftcomm.torch, must not leak into a multi-rank job: each job agrees on its own.
+    for name in _TORCH_RENDEZVOUS_ENV:
+        full_env.pop(name, None)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), full_env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "ftcomm.run", "-n", str(n), "--timeout", str(timeout), *launcher_args,

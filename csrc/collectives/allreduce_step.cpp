@@ -128,7 +128,7 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   std::string why;
   if (max_of(kProblem) == 100) {
     why = "rank " + std::to_string(max_of(kProblemRank)) + " passed step " +
-          std::to_string(opt.step) + ", which is not after the last committed step " +
+          std::to_string(min_of(kStep)) + ", which is not after the last committed step " +
           std::to_string(comm.last_committed_step()) + " (steps must increase)";
   } else if (max_of(kProblem) != 0) {
     why = "rank " + std::to_string(max_of(kProblemRank)) + " rejected its input: " +
@@ -148,8 +148,11 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
     why = "ranks passed buffers of different lengths or dtypes";
   }
   if (why.empty()) return Status::Ok();
-  Status err = Status::Error(StatusCode::kInvalidInput, "allreduce step " + std::to_string(opt.step) +
+  // Name the step the same way on every rank, even when their step ids differ (the highest).
+  const int64_t step = max_of(kStep);
+  Status err = Status::Error(StatusCode::kInvalidInput, "allreduce step " + std::to_string(step) +
                                                             ": " + why);
+  err.step = step;
   return err;
 }
 
@@ -211,6 +214,25 @@ Status Abort(Communicator& comm, std::vector<RingAllreduce>& rings, int agreed_f
 
 }  // namespace
 
+Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
+                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s) {
+  if (comm.IsRevoked()) {
+    return Status::Error(StatusCode::kRevoked, "validation on a revoked communicator: call recover() first");
+  }
+  const int n = static_cast<int>(values.size());
+  std::vector<int64_t> send(2 * n), recv(2 * n);
+  for (int i = 0; i < n; ++i) {
+    send[i] = values[i];
+    send[n + i] = -values[i];
+  }
+  Status s = DisseminationMax(comm, send.data(), recv.data(), 2 * n, Deadline(timeout_s));
+  if (!s.ok()) return s;
+  maxs->assign(recv.begin(), recv.begin() + n);
+  mins->resize(n);
+  for (int i = 0; i < n; ++i) (*mins)[i] = -recv[n + i];
+  return Status::Ok();
+}
+
 Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
                      const AllreduceStepOptions& opt, AllreduceStepResult* result) {
   result->replayed = false;
@@ -233,7 +255,7 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   Status local = Validate(comm, buffers, opt, deadline);
   const double validate_s = SecondsSince(t_start);
   if (local.code == StatusCode::kInvalidInput) {
-    local.step = opt.step;
+    if (local.step < 0) local.step = opt.step;
     return local;  // uniform: every rank saw the same validation result
   }
   if (local.ok()) {

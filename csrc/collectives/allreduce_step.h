@@ -44,6 +44,13 @@ struct AllreduceStepResult {
   bool replayed = false;  // the step had already committed: nothing was done
 };
 
+// Element-wise min and max of `values` over all ranks (one dissemination round of small
+// messages, as the allreduce's validation). Used by the Python helpers (allgather, broadcast) to
+// validate input uniformly: every rank gets the same mins and maxs, hence the same error. Values
+// must lie in (INT64_MIN, INT64_MAX]. Local outcome on a failure (ProcFailed, Revoked, Timeout).
+Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
+                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s);
+
 Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
                      const AllreduceStepOptions& options, AllreduceStepResult* result);
 

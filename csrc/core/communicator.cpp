@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/liveness.h"
 #include "core/mpi_compat.h"
 #include "core/watchdog.h"
 
@@ -41,6 +42,25 @@ void Backoff(int idle_polls) {
   if (idle_polls > 20000) usleep(50);
 }
 
+// A wait's deadline, extended once by a grace period when the wait fenced a stuck peer: ULFM needs
+// a moment to report the rank we killed, and a uniform ProcFailedError beats a local timeout.
+// A peer silent for longer than this (seconds) is not polling ftcomm: it is computing, or stuck.
+constexpr double kSilentSeconds = 1.0;
+
+bool GiveUp(const Deadline& deadline, liveness::FenceTimer* fence,
+            const std::vector<int>& world_ranks) {
+  if (!deadline.expired()) return false;
+  fence->Poll(/*force=*/true);  // one last look before giving up
+  const double overrun = -deadline.seconds_left();
+  if (fence->fenced()) return overrun > liveness::kFenceGraceSeconds;
+  // A silent peer that will reach the fence timeout within another timeout of this call may be
+  // stuck: wait until it is fenced rather than time out a moment before, so that every survivor
+  // sees the same process failure. The overrun is bounded by the call's own timeout (plus 1 s).
+  const double silence = liveness::LongestSilence(world_ranks);
+  const double needed = std::max(kSilentSeconds, liveness::FenceTimeout() - deadline.timeout_seconds());
+  return overrun > deadline.timeout_seconds() + 1.0 || silence < needed;
+}
+
 }  // namespace
 
 Communicator::Communicator(MPI_Comm comm) : comm_(comm), ft_enabled_(FtEnabled()) {
@@ -61,6 +81,7 @@ Communicator::~Communicator() {
 }
 
 Status Communicator::Create(MPI_Comm parent, double timeout_s, std::unique_ptr<Communicator>* out) {
+  liveness::Register();  // publish pid and heartbeat, so that peers can fence this rank if it hangs
   MPI_Comm dup = MPI_COMM_NULL;
   int rc;
   {
@@ -166,6 +187,7 @@ Status Communicator::Classify(int mpi_rc, const std::string& what) {
 Status Communicator::Wait(MPI_Request* requests, int count, const Deadline& deadline,
                           const char* what) {
   int idle_polls = 0;
+  liveness::FenceTimer fence(world_ranks_);
   for (;;) {
     bool pending = false;
     for (int i = 0; i < count; ++i) {
@@ -179,7 +201,8 @@ Status Communicator::Wait(MPI_Request* requests, int count, const Deadline& dead
       if (!done) pending = true;
     }
     if (!pending) return Status::Ok();
-    if (deadline.expired()) {
+    fence.Poll();  // heartbeat, and fence peers silent for longer than FTCOMM_FENCE_TIMEOUT
+    if (GiveUp(deadline, &fence, world_ranks_)) {
       return Status::Error(StatusCode::kTimeout,
                            std::string(what) + ": no progress within " +
                                std::to_string(deadline.timeout_seconds()) + " s");
@@ -228,6 +251,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
   // being acknowledged, and the flag is still agreed; after an ack the next agreement does not
   // raise for that failure. So the loop below runs the same number of times on every rank.
   int value = *flag;
+  liveness::FenceTimer fence(world_ranks_);
   for (int attempt = 0; attempt <= size_; ++attempt) {
     int contributed = value;
     MPI_Request req;
@@ -237,7 +261,8 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
       while (!done) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) break;
-        if (!done && deadline.expired()) {
+        if (!done) fence.Poll();
+        if (!done && GiveUp(deadline, &fence, world_ranks_)) {
           Drain(&req, 1);
           return Status::Error(StatusCode::kTimeout, "agree: no agreement within " +
                                                          std::to_string(timeout_s) + " s");
@@ -284,7 +309,9 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
     MPI_Comm shrunk = MPI_COMM_NULL;
     int rc;
     {
-      watchdog::Guard guard(timeout_s, "MPIX_Comm_shrink");
+      // The watchdog fences members that stopped answering (a stuck rank would hold the shrink
+      // forever); only if nobody can be fenced does it kill this rank at the deadline.
+      watchdog::Guard guard(timeout_s, "MPIX_Comm_shrink", watchdog::Action::kKillSelf, world_ranks_);
       rc = MPIX_Comm_shrink(current, &shrunk);
     }
     if (rc != MPI_SUCCESS) return Classify(rc, "shrink");

@@ -1,5 +1,7 @@
 #include "core/watchdog.h"
 
+#include "core/liveness.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <algorithm>
 
 namespace ftcomm {
 namespace watchdog {
@@ -20,7 +23,12 @@ struct Entry {
   Clock::time_point deadline;
   std::string what;
   Action action;
+  std::vector<int> fence_members;  // world ranks to fence while this call blocks
+  bool fenced = false;             // this call fenced somebody: one grace period on overrun
 };
+
+// How often the thread refreshes the heartbeat and looks for stuck peers while a call is guarded.
+constexpr auto kTick = std::chrono::milliseconds(200);
 
 // One thread for the whole process, started on first use and never joined: it must outlive
 // any call it guards, including MPI_Finalize at interpreter exit.
@@ -31,12 +39,14 @@ class Watchdog {
     return *instance;
   }
 
-  uint64_t Arm(double seconds, const std::string& what, Action action) {
+  uint64_t Arm(double seconds, const std::string& what, Action action,
+               const std::vector<int>& fence_members) {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t token = next_token_++;
     auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(seconds));
-    entries_[token] = Entry{deadline, what, action};
+    entries_[token] = Entry{deadline, what, action, fence_members, false};
+    liveness::Beat();
     cv_.notify_all();
     return token;
   }
@@ -60,8 +70,21 @@ class Watchdog {
       for (auto it = entries_.begin(); it != entries_.end(); ++it) {
         if (it->second.deadline < first->second.deadline) first = it;
       }
+      // A guarded call is running: this rank is alive, and its peers may be stuck.
+      liveness::Beat();
+      for (auto& [token, entry] : entries_) {
+        if (!entry.fence_members.empty() && !liveness::FenceStale(entry.fence_members).empty()) {
+          entry.fenced = true;
+        }
+      }
       if (Clock::now() < first->second.deadline) {
-        cv_.wait_until(lock, first->second.deadline);
+        cv_.wait_until(lock, std::min(first->second.deadline, Clock::now() + kTick));
+        continue;
+      }
+      if (first->second.fenced) {  // give ULFM time to report the rank we killed
+        first->second.fenced = false;
+        first->second.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(liveness::kFenceGraceSeconds));
         continue;
       }
       Fire(first->second);
@@ -91,8 +114,9 @@ class Watchdog {
 
 }  // namespace
 
-uint64_t Arm(double seconds, const std::string& what, Action action) {
-  return Watchdog::Get().Arm(seconds, what, action);
+uint64_t Arm(double seconds, const std::string& what, Action action,
+             const std::vector<int>& fence_members) {
+  return Watchdog::Get().Arm(seconds, what, action, fence_members);
 }
 
 void Disarm(uint64_t token) { Watchdog::Get().Disarm(token); }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ftcomm {
 namespace watchdog {
@@ -15,15 +16,21 @@ enum class Action {
   kExitClean,  // _exit(0): used for MPI_Finalize, after all work is done
 };
 
-// Arms the watchdog for `seconds`; returns a token for Disarm. Thread safe.
-uint64_t Arm(double seconds, const std::string& what, Action action);
+// Arms the watchdog for `seconds`; returns a token for Disarm. Thread safe. While armed, the
+// watchdog thread keeps this rank's heartbeat fresh (it is blocked in MPI, not stuck) and, every
+// 200 ms, fences the ranks of `fence_members` (MPI_COMM_WORLD numbering) that stopped answering
+// (core/liveness.h). If it fenced somebody, an overrun is forgiven once for a grace period, so
+// that ULFM can report the death and the call return.
+uint64_t Arm(double seconds, const std::string& what, Action action,
+             const std::vector<int>& fence_members = {});
 void Disarm(uint64_t token);
 
 // RAII guard around one non-interruptible call.
 class Guard {
  public:
-  Guard(double seconds, const std::string& what, Action action = Action::kKillSelf)
-      : token_(Arm(seconds, what, action)) {}
+  Guard(double seconds, const std::string& what, Action action = Action::kKillSelf,
+        const std::vector<int>& fence_members = {})
+      : token_(Arm(seconds, what, action, fence_members)) {}
   ~Guard() { Disarm(token_); }
   Guard(const Guard&) = delete;
   Guard& operator=(const Guard&) = delete;

@@ -12,7 +12,7 @@ namespace fault {
 
 enum class Kind : int {
   kKill = 0,  // SIGKILL: the process vanishes, as on an OOM kill or a node reboot
-  kExit = 1,  // _exit(1): the process ends with an error status, skipping all cleanup
+  kExit = 1,  // exit(1): the process ends with an error status, without MPI_Finalize
   kHang = 2,  // sleeps forever: alive but making no progress
   kStop = 3,  // SIGSTOP: frozen by the kernel, as under a debugger or swap storm
 };
