@@ -54,6 +54,8 @@ const char* ProblemText(int code) {
 
 // Fields compared across ranks. Each is sent as (v, -v) under MPI_MAX, which yields the max and
 // the min in one small allreduce.
+constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
+
 enum Field { kStep, kOp, kNumBuffers, kLayoutHash, kTotalCount, kProblem, kProblemRank, kFields };
 
 uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
@@ -108,7 +110,8 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   local[kOp] = static_cast<int64_t>(opt.op);
   local[kNumBuffers] = static_cast<int64_t>(buffers.size());
   local[kLayoutHash] = static_cast<int64_t>(LayoutHash(buffers));
-  local[kTotalCount] = static_cast<int64_t>(total);
+  // The rank rides in the low bits, so that the max and min also say who passed them.
+  local[kTotalCount] = static_cast<int64_t>(total) * kRankSlots + comm.rank();
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
   if (opt.step <= comm.last_committed_step()) {
@@ -141,9 +144,12 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
     why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
           " to " + std::to_string(max_of(kNumBuffers)) + ")";
-  } else if (min_of(kTotalCount) != max_of(kTotalCount)) {
-    why = "ranks passed buffers of different lengths (from " + std::to_string(min_of(kTotalCount)) +
-          " to " + std::to_string(max_of(kTotalCount)) + " elements)";
+  } else if (min_of(kTotalCount) / kRankSlots != max_of(kTotalCount) / kRankSlots) {
+    why = "ranks passed buffers of different lengths (rank " +
+          std::to_string(min_of(kTotalCount) % kRankSlots) + ": " +
+          std::to_string(min_of(kTotalCount) / kRankSlots) + " elements, rank " +
+          std::to_string(max_of(kTotalCount) % kRankSlots) + ": " +
+          std::to_string(max_of(kTotalCount) / kRankSlots) + ")";
   } else if (min_of(kLayoutHash) != max_of(kLayoutHash)) {
     why = "ranks passed buffers of different lengths or dtypes";
   }

@@ -90,7 +90,7 @@ def test_bad_input_same_clear_error_on_every_rank_and_nothing_lost():
         assert (errors[0] and errors[0]["type"]) == expected, f"{name}: {errors[0]}"
     # the error names the offending rank and the reason
     assert "rank 1" in cases["allreduce_wrong_type"][0]["msg"]
-    assert "different lengths (from 64 to 65" in cases["allreduce_length_differs"][0]["msg"]
+    assert "different lengths (rank 0: 64 elements, rank 2: 65)" in cases["allreduce_length_differs"][0]["msg"]
     assert "rank 2" in cases["allgather_recv_too_small"][0]["msg"]
     assert "different roots" in cases["broadcast_root_differs"][0]["msg"]
     assert cases["allreduce_step_differs"][0]["step"] == 2
