@@ -125,6 +125,8 @@ def _describe_device_bucket(items) -> HostBuffers:
 
 def raw(buf, writable: bool):
     """(address, nbytes) of a contiguous numpy array or CPU torch tensor, for point-to-point.
+    Point-to-point moves bytes, so any dtype will do, and a buffer that is only sent may be
+    read-only.
 
     Raises:
         InvalidInputError: the buffer is not contiguous host memory (or not writable when
@@ -132,24 +134,17 @@ def raw(buf, writable: bool):
     """
     from .errors import InvalidInputError
 
-    described = describe(buf) if not isinstance(buf, (bytes, bytearray, memoryview)) else None
-    if isinstance(buf, np.ndarray) and buf.dtype.name not in DTYPE_CODES:
-        # point-to-point moves bytes: any dtype will do
-        if not buf.flags.c_contiguous or (writable and not buf.flags.writeable):
-            raise InvalidInputError("buffer must be contiguous" + (" and writable" if writable else ""))
-        return buf.ctypes.data, buf.nbytes
-    if described is not None and described.device is not None:  # issue #6
-        raise InvalidInputError("point-to-point calls take host buffers, not CUDA device buffers")
-    if described is None or described.problem != NONE:
-        detail = described.detail if described is not None else "bytes objects are not supported"
-        raise InvalidInputError(detail)
-    if writable and isinstance(buf, np.ndarray) and not buf.flags.writeable:
-        raise InvalidInputError("receive buffer is read-only")
-    addr, count, _ = described.triples[0]
-    return addr, count * _itemsize(buf)
-
-
-def _itemsize(buf) -> int:
     if isinstance(buf, np.ndarray):
-        return buf.itemsize
-    return buf.element_size()
+        if not buf.flags.c_contiguous:
+            raise InvalidInputError("buffer must be contiguous")
+        if writable and not buf.flags.writeable:
+            raise InvalidInputError("receive buffer is read-only")
+        return buf.ctypes.data, buf.nbytes
+    if _is_device_buffer(buf):  # issue #6
+        raise InvalidInputError("point-to-point calls take host buffers, not CUDA device buffers")
+    tensor_type = _torch_tensor_type()
+    if tensor_type is not None and isinstance(buf, tensor_type):
+        if not buf.is_contiguous():
+            raise InvalidInputError("buffer must be contiguous")
+        return buf.data_ptr(), buf.numel() * buf.element_size()
+    raise InvalidInputError(f"buffer ({type(buf).__name__}) {_PROBLEM_TEXT[NOT_A_BUFFER]}")
