@@ -43,3 +43,20 @@ def cupy_cuda() -> bool:
 
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+
+
+KILL_IN_ALLGATHER = {"FTCOMM_FAULT": "rank=1,point=allgather,step=2,kind=kill"}
+
+
+def assert_recovered_from_kill_in_allgather(job) -> None:
+    """The checks on tests/gpu/jobs/device_allreduce.py's "fault" mode at 4 ranks, rank 1 killed
+    (KILL_IN_ALLGATHER): the same error everywhere, device buffers untouched, the retry right and
+    bitwise identical on every survivor. Shared by the real-GPU and the fake-device tests."""
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="fault")
+    assert sorted(reports) == [0, 2, 3], job.describe()
+    for rep in reports.values():
+        assert rep["error"] == {"type": "ProcFailedError", "step": 2, "failed_ranks": [1]}, rep
+        assert rep["untouched"], "a device buffer was written by an aborted step"
+        assert rep["retry_ok"] and rep["size"] == 3 and rep["last_step"] == 2, rep
+    assert len({rep["digest"] for rep in reports.values()}) == 1

@@ -5,7 +5,7 @@ GPU. Results are compared bitwise with the host path's on the same data."""
 import numpy as np
 import pytest
 
-from gpu_env import JOB_ENV, JOBS, fcuda
+from gpu_env import JOB_ENV, JOBS, KILL_IN_ALLGATHER, assert_recovered_from_kill_in_allgather, fcuda
 from fake_cuda import FakeCudaArray
 from harness import run_job
 
@@ -29,16 +29,8 @@ def test_fake_device_allreduce_matches_host_path(n):
 
 @pytest.mark.fault
 def test_fake_device_allreduce_kill_in_allgather():
-    job = run_job(JOBS / "device_allreduce.py", 4, "fake", "fault", env={
-        **JOB_ENV, "FTCOMM_FAULT": "rank=1,point=allgather,step=2,kind=kill"}, timeout=120)
-    assert job.returncode == 0, job.describe()
-    reports = job.by_rank(kind="fault")
-    assert sorted(reports) == [0, 2, 3], job.describe()
-    for rep in reports.values():
-        assert rep["error"] == {"type": "ProcFailedError", "step": 2, "failed_ranks": [1]}, rep
-        assert rep["untouched"], "a device buffer was written by an aborted step"
-        assert rep["retry_ok"] and rep["size"] == 3 and rep["last_step"] == 2, rep
-    assert len({rep["digest"] for rep in reports.values()}) == 1
+    job = run_job(JOBS / "device_allreduce.py", 4, "fake", "fault", env={**JOB_ENV, **KILL_IN_ALLGATHER}, timeout=120)
+    assert_recovered_from_kill_in_allgather(job)
 
 
 def test_describe_routes_device_buffers():
