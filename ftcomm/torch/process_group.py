@@ -188,29 +188,23 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         Work errors: ``ftcomm.InvalidInputError`` (dtype, contiguity, lengths differ between
             ranks), ``ftcomm.ProcFailedError`` outside a resilient step, timeouts.
         """
-        op = _reduce_op(opts, "allreduce")
-        tensors = list(tensors)
-        staging.check_devices(tensors, "allreduce")
-        host, finish = staging.stage(tensors)
-
-        def fn(comm):
-            comm.allreduce(host, op=op, timeout=self._timeout)
-            finish()
-
-        return self._submit("allreduce", tensors, fn, uniform=True)
+        return self._allreduce_bucket("allreduce", tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None) -> FtWork:
         """Allreduce of several tensors as one bucket (one committed step)."""
-        op = _reduce_op(opts, "allreduce_coalesced")
+        return self._allreduce_bucket("allreduce_coalesced", tensors, opts)
+
+    def _allreduce_bucket(self, name: str, tensors, opts) -> FtWork:
+        op = _reduce_op(opts, name)
         tensors = list(tensors)
-        staging.check_devices(tensors, "allreduce_coalesced")
+        staging.check_devices(tensors, name)
         host, finish = staging.stage(tensors)
 
         def fn(comm):
             comm.allreduce(host, op=op, timeout=self._timeout)
             finish()
 
-        return self._submit("allreduce_coalesced", tensors, fn, uniform=True)
+        return self._submit(name, tensors, fn, uniform=True)
 
     def broadcast(self, tensors, opts=None) -> FtWork:
         """Broadcast of each tensor from ``opts.rootRank``, in place, any dtype. If the root dies
