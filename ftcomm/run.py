@@ -187,25 +187,22 @@ def _run(cmd: list[str], timeout: float | None, run_dir: str) -> int:
         return proc.wait()
 
 
-def summarize(run_dir: str, world_size: int) -> tuple[list[int], list[int]]:
+def read_reports(run_dir: str) -> list[dict]:
+    """The exit reports that ranks left in the run directory (ftcomm/_runtime.py)."""
+    return [json.loads(path.read_text()) for path in Path(run_dir).glob("rank*.json")]
+
+
+def summarize(run_dir: str, world_size: int, reports=None) -> tuple[list[int], list[int]]:
     """(finished world ranks, lost world ranks) from the ranks' exit reports."""
-    finished, lost = [], set()
-    for path in Path(run_dir).glob("rank*.json"):
-        report = json.loads(path.read_text())
-        finished.append(report["world_rank"])
-        lost.update(report["lost"])
-    missing = set(range(world_size)) - set(finished)
-    return sorted(finished), sorted(lost | missing)
+    reports = read_reports(run_dir) if reports is None else reports
+    finished = sorted(r["world_rank"] for r in reports)
+    lost = {w for r in reports for w in r["lost"]} | (set(range(world_size)) - set(finished))
+    return finished, sorted(lost)
 
 
-def failed_ranks(run_dir: str) -> list[int]:
+def failed_ranks(reports) -> list[int]:
     """World ranks whose exit report says the program ended by an uncaught exception."""
-    out = []
-    for path in Path(run_dir).glob("rank*.json"):
-        report = json.loads(path.read_text())
-        if report.get("uncaught_exception"):
-            out.append(report["world_rank"])
-    return sorted(out)
+    return sorted(r["world_rank"] for r in reports if r.get("uncaught_exception"))
 
 
 def main(argv=None) -> int:
@@ -216,8 +213,9 @@ def main(argv=None) -> int:
             print(shlex.join(cmd))
             return 0
         rc = _run(cmd, args.timeout, run_dir)
-        finished, lost = summarize(run_dir, args.np)
-        crashed = failed_ranks(run_dir)
+        reports = read_reports(run_dir)
+        finished, lost = summarize(run_dir, args.np, reports)
+        crashed = failed_ranks(reports)
     if rc == 0 and crashed:  # e.g. MPI_Finalize overran after the error and the rank exited 0
         print(f"ftcomm-run: job failed: world rank(s) {crashed} ended by an uncaught exception",
               file=sys.stderr)
