@@ -154,6 +154,41 @@ PYBIND11_MODULE(_C, m) {
              ThrowIfError(s);
              return std::make_tuple(std::move(out), old_to_new);
            })
+      .def("split",
+           [](PyCommunicator& c, int color, int key, double timeout) {
+             PyCommunicator out;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.core->Split(color, key, timeout, &out.core);
+             }
+             ThrowIfError(s);
+             return out.core ? py::cast(std::move(out)) : py::none();
+           },
+           py::arg("color"), py::arg("key"), py::arg("timeout"))
+      .def("wait_signal",
+           [](PyCommunicator& c, int tag, double timeout) {
+             int value = 0, source = -1;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.core->WaitSignal(tag, timeout, &value, &source);
+             }
+             ThrowIfError(s);
+             return std::make_tuple(value, source);
+           },
+           py::arg("tag"), py::arg("timeout"))
+      .def("signal",
+           [](PyCommunicator& c, int peer, int tag, int value, double timeout) {
+             if (peer < 0 || peer >= c.core->size()) throw py::value_error("signal: peer out of range");
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.core->Signal(peer, tag, value, timeout);
+             }
+             ThrowIfError(s);
+           },
+           py::arg("peer"), py::arg("tag"), py::arg("value"), py::arg("timeout"))
       .def("take_recovered",
            [](PyCommunicator& c) {
              PyCommunicator out;

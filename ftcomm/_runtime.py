@@ -33,6 +33,13 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
+if MPI.Comm.Get_parent() != MPI.COMM_NULL:
+    # A process started by recover(policy="respawn") (ftcomm/spares.py): its MPI_COMM_WORLD ranks
+    # start at 0 again, so it must not take world rank 0's slots in the run directory (liveness
+    # table, pid and exit-report files) nor the fault-injection plan meant for the first job.
+    for _var in ("FTCOMM_RUN_DIR", "FTCOMM_FAULT", "FTCOMM_SPARES"):
+        os.environ.pop(_var, None)
+
 lost_world_ranks: set[int] = set()
 
 
@@ -88,6 +95,9 @@ def shutdown() -> None:
     the survivors; if it does not return within FTCOMM_FINALIZE_TIMEOUT seconds the watchdog ends
     the process with status 0 (its work is done)."""
     _write_exit_report()
+    spares = sys.modules.get("ftcomm.spares")
+    if spares is not None:
+        spares.release_at_exit()  # idle spares end with the job
     _C.liveness_mark_exiting()  # from here on no peer may fence this rank as stuck
     if MPI.Is_initialized() and not MPI.Is_finalized():
         sys.stdout.flush()

@@ -50,6 +50,8 @@ class Communicator:
             _core = _C.Communicator.create(comm, _timeout(timeout))
         self._core = _core
         self.old_to_new: list[int] | None = None  # set on a communicator made by shrink/recover
+        self.promoted = False  # True on a spare or respawned process that joined by recover()
+        self.recovery: dict | None = None  # what recover() did (policy, promoted ranks, fallback)
         self._mpi_comm = None
 
     # -- identity ------------------------------------------------------------------------
@@ -163,15 +165,44 @@ class Communicator:
         core, old_to_new = self._core.shrink(_timeout(timeout))
         return self._adopt(core, old_to_new)
 
-    def recover(self, timeout: float | None = None) -> "Communicator":
-        """After a failed collective: revokes (if not yet revoked), shrinks and returns the
-        communicator over the survivors, with this one's step ledger. If the failed collective
-        already shrank (it does, to agree on the failed ranks), returns that communicator.
+    def recover(self, timeout: float | None = None, policy: str | None = None) -> "Communicator":
+        """After a failed collective, the communicator on which to go on (collective over the
+        survivors; with spares or respawn, over the newcomers too).
+
+        Args:
+            timeout: deadline in seconds for each phase.
+            policy: ``"shrink"`` (default; FTCOMM_RECOVERY_POLICY changes the default): revoke (if
+                not yet revoked) and shrink to the survivors, ranks consecutive in the old order;
+                if the failed collective already shrank (it does, to agree on the failed ranks),
+                that communicator. ``"spares"``: an idle spare (``ftcomm-run --spares S``) takes
+                each failed rank's place, so the size and every survivor's rank stay as they were;
+                when the spares run out the remaining places are closed as shrink does (logged,
+                ``recovery["unfilled"]``). ``"respawn"``: new processes are started with
+                MPI_Comm_spawn instead of spares; if spawning fails, shrink (logged). Newcomers
+                have ``promoted`` True. ``result.recovery`` says what was done; ``result.old_to_new``
+                maps old ranks to new ones (-1: failed and not replaced). Protocols: ftcomm/spares.py.
 
         Raises:
             UlfmUnavailableError: MPI runs without ULFM.
+            InvalidInputError (a ValueError): unknown policy.
         """
+        policy = config.recovery_policy() if policy is None else policy
+        if policy not in _POLICIES:
+            raise InvalidInputError(f"recover: policy must be one of {_POLICIES}, not {policy!r}")
         self._require_ft("recover")
+        if policy == "spares":
+            from . import spares
+
+            return spares.recover_with_spares(self, _timeout(timeout))
+        shrunk = self._shrink_to_survivors(timeout)
+        if policy == "respawn":
+            from . import spares
+
+            return spares.recover_with_respawn(self, shrunk, _timeout(timeout))
+        shrunk.recovery = {"policy": "shrink", "new_size": shrunk.size}
+        return shrunk
+
+    def _shrink_to_survivors(self, timeout) -> "Communicator":
         if self._core.has_recovered:
             core, old_to_new = self._core.take_recovered()
             return self._adopt(core, old_to_new)
@@ -346,6 +377,7 @@ class Communicator:
                 raise InvalidInputError(f"{what}: ranks passed different {name}{values}")
 
 
+_POLICIES = ("shrink", "spares", "respawn")
 _ALLGATHER_TAG = 7101
 _BROADCAST_TAG = 7102
 
@@ -377,7 +409,23 @@ def _copy_into(dst, src) -> None:
 
 
 def world(timeout: float | None = None) -> Communicator:
-    """A Communicator over MPI_COMM_WORLD."""
+    """A Communicator over MPI_COMM_WORLD, or, with spares (``ftcomm-run --spares S``, which sets
+    FTCOMM_SPARES), over the active ranks: on an idle spare this call returns only once the spare
+    is promoted into a failed rank's place (``promoted`` True), and ends the process with status 0
+    when the job finishes without it. In a process started by ``recover(policy="respawn")`` it
+    joins the survivors and returns with ``promoted`` True. See ftcomm/spares.py.
+
+    Raises:
+        ProcFailedError: a rank died during the set-up (or, on a spare, every active rank died).
+        CollectiveTimeoutError: a rank did not join within ``timeout`` seconds.
+    """
+    from . import spares
+
+    timeout = _timeout(timeout)
+    if spares.spawned():
+        return spares.join_respawn(timeout)
+    if config.spares() > 0:
+        return spares.start(config.spares(), timeout)
     return Communicator(timeout=timeout)
 
 

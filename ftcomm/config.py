@@ -37,3 +37,15 @@ def chunk_bytes() -> int:
 def finalize_timeout() -> float:
     """FTCOMM_FINALIZE_TIMEOUT: seconds MPI_Finalize may take at exit before the rank just exits."""
     return _float("FTCOMM_FINALIZE_TIMEOUT", 30.0)
+
+
+def spares() -> int:
+    """FTCOMM_SPARES: idle spare ranks at the end of MPI_COMM_WORLD (set by ``ftcomm-run
+    --spares S``; default 0)."""
+    return _int("FTCOMM_SPARES", 0)
+
+
+def recovery_policy() -> str:
+    """FTCOMM_RECOVERY_POLICY: what ``Communicator.recover()`` does by default: "shrink"
+    (default), "spares" or "respawn"."""
+    return os.environ.get("FTCOMM_RECOVERY_POLICY") or "shrink"

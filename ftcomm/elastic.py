@@ -138,7 +138,8 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, max_attempts: int = 8) -> dict:
+def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy: str | None,
+             max_attempts: int = 8) -> dict:
     """Shrinks and rebuilds until a rebuild commits (a failure may hit the recovery itself: the
     old holdings stay intact until a rebuild commits, so it simply starts over)."""
     opt = state.optimizer
@@ -155,7 +156,7 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, max_at
     for _ in range(max_attempts):
         t0 = time.perf_counter()
         fault.point("shrink", comm.world_rank, opt.step_id + 1)
-        comm = comm.recover()
+        comm = comm.recover(policy=policy)
         shrink_ms += (time.perf_counter() - t0) * 1e3
         try:
             report = opt.rebuild(comm)
@@ -173,7 +174,8 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, max_at
                agree_ms=round(agree_ms, 3), shrink_ms=round(shrink_ms, 3),
                rebuild_ms=round(report["rebuild_s"] * 1e3, 3), bytes_moved=int(report["bytes_moved"]),
                from_replica=report.get("from_replica", []), disk_restore=report.get("disk_restore"),
-               error=type(error).__name__)
+               error=type(error).__name__, policy=(comm.recovery or {}).get("policy", "shrink"),
+               fallback=(comm.recovery or {}).get("fallback"), newcomers=report.get("newcomers", []))
 
 
 def _disk_fallback(opt, comm, lost: StateLostError, log: EventLog, checkpoint_dir) -> dict:
@@ -201,7 +203,7 @@ def _as_stats(value) -> list:
 def run(train_step, state: State, *, epochs: int | None = None, steps: int | None = None,
         log_path: str | None = None, progress: bool = True, checkpoint_dir: str | None = None,
         checkpoint_every: int = 0, on_commit=None, on_recover=None,
-        max_recoveries: int = 16) -> Summary:
+        max_recoveries: int = 16, policy: str | None = None) -> Summary:
     """Trains until ``steps`` committed steps (or ``epochs`` epochs), surviving rank failures.
 
     Args:
@@ -216,8 +218,14 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             used only when in-memory recovery is impossible (StateLostError).
         on_commit: ``f(state, step, stats)`` after each committed step (stats: summed values,
             the last one the global sample count).
-        on_recover: ``f(state, event)`` after each recovery (event: the logged dict).
+        on_recover: ``f(state, event)`` after each recovery (event: the logged dict); on a promoted
+            spare once, after it joined (event "joined"), so that a collective in it matches.
         max_recoveries: give up (re-raise) after this many recoveries.
+        policy: recovery policy passed to ``Communicator.recover`` ("shrink", "spares" or
+            "respawn"; default FTCOMM_RECOVERY_POLICY, else "shrink"). With "spares" the world
+            size stays as it was while spares last; a promoted spare runs this same function: its
+            ShardedOptimizer joined the survivors' rebuild, and it starts at the interrupted step
+            with the replaced rank's data position and RNG (event "joined").
 
     Returns:
         Summary.
@@ -230,7 +238,17 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     total = steps if steps is not None else epochs * sampler.steps_per_epoch
     log = EventLog(log_path, opt.comm.world_rank, echo=opt.comm.rank == 0 and progress)
     summary, attempts = Summary(), {}
-    opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
+    if opt.join_report is not None:  # a promoted spare: the committed state came from the survivors
+        state.restore(opt.committed_meta)
+        summary.events.append(log(event="joined", step=opt.step_id, redo_step=opt.step_id + 1,
+                                  world_size=opt.comm.size, new_rank=opt.comm.rank,
+                                  policy=(opt.comm.recovery or {}).get("policy"),
+                                  rebuild_ms=round(opt.join_report["rebuild_s"] * 1e3, 3),
+                                  bytes_moved=int(opt.join_report["bytes_moved"])))
+        if on_recover is not None:
+            on_recover(state, summary.events[-1])
+    else:
+        opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
     waiting_first_commit = None
     bar = tqdm(total=total, initial=opt.step_id, disable=not progress or opt.comm.rank != 0,
                desc="train", unit="step", dynamic_ncols=True)
@@ -244,7 +262,7 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             summary.failures += 1
             if summary.failures > max_recoveries:
                 raise
-            summary.events.append(_recover(state, error, log, checkpoint_dir))
+            summary.events.append(_recover(state, error, log, checkpoint_dir, policy))
             waiting_first_commit = summary.events[-1]
             if on_recover is not None:
                 on_recover(state, waiting_first_commit)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import fault, rebuild as _rebuild
-from .errors import FtError, ProcFailedError
+from .errors import FtError, ProcFailedError, StateLostError
 from .replica import ReplicaStore, encode_header
 from . import nodes
 from .shard import ShardLayout
@@ -137,8 +137,15 @@ class ShardedOptimizer:
     Memory per rank (bytes): full params 4P + flat grads 4P + live and staging shards
     2 x 4 x slots x P/N + replicas 2 x k x 4 x slots x P/N (committed + in flight).
 
+    On a newcomer (``comm.promoted``: a spare or respawned process that ``comm.recover`` put in a
+    failed rank's place, issue 8) the constructor does not start from ``params``: it joins the
+    survivors' ``rebuild(comm)`` and receives the committed state (its shard from the buddies'
+    replicas, the parameters from everyone, the replaced rank's metadata in ``committed_meta``);
+    ``join_report`` then holds the rebuild report.
+
     Raises:
-        ProcFailedError etc.: a rank failed during the initial broadcast or replication.
+        ProcFailedError etc.: a rank failed during the initial broadcast or replication (on a
+            newcomer: during the join; recover again and build the optimizer again).
     """
 
     def __init__(self, params, comm, optimizer: str = "adamw", lr: float = 1e-3, replicas: int = 1,
@@ -153,6 +160,11 @@ class ShardedOptimizer:
         self.step_id = 0  # last committed training step; 0 = the initial state
         self.committed_meta: dict = {}  # caller's metadata (data position, RNG) at step_id
         self.last_bytes_replicated = 0
+        self.join_report = None
+        if getattr(comm, "promoted", False):
+            self.layout = None  # holds nothing until the rebuild adopts its state
+            self._join(comm)
+            return
         numel = sum(p.numel() for p in self.params)
         nodes.register(comm, timeout)  # issue 9: replicas on other nodes than their owners
         self.layout = ShardLayout(numel, tuple(comm.world_ranks))
@@ -260,9 +272,10 @@ class ShardedOptimizer:
         self.step_id, self.committed_meta = step, dict(meta or {})
         return summed[: len(list(stats or []))]
 
-    def _header_meta(self, step: int, meta: dict) -> dict:
-        return {"shard": self.comm.rank, "step": step, "world_rank": self.comm.world_rank,
-                "numel": self.layout.numel, "shard_len": self.layout.shard_len,
+    def _header_meta(self, step: int, meta: dict, comm=None, layout: ShardLayout | None = None) -> dict:
+        comm, layout = comm or self.comm, layout or self.layout
+        return {"shard": comm.rank, "step": step, "world_rank": comm.world_rank,
+                "numel": layout.numel, "shard_len": layout.shard_len,
                 "rule": self.rule.name, "opt_steps": step, "extra": meta}
 
     def _replicate_and_agree(self, state: np.ndarray, step: int, meta: dict) -> int:
@@ -300,6 +313,19 @@ class ShardedOptimizer:
         result = _rebuild.rebuild_in_memory(self, comm)
         result["rebuild_s"] = time.perf_counter() - t0
         return result
+
+    def _join(self, comm, max_attempts: int = 8) -> None:
+        """A newcomer's start: the survivors' rebuild, repeated (with them) after a failure."""
+        policy = (comm.recovery or {}).get("policy", "spares")
+        for _ in range(max_attempts):
+            try:
+                self.join_report = self.rebuild(comm)
+                return
+            except StateLostError:
+                raise
+            except FtError:
+                comm = self.comm = comm.recover(timeout=self.timeout, policy=policy)
+        raise ProcFailedError(f"newcomer could not join after {max_attempts} attempts")
 
     def _adopt(self, comm, layout: ShardLayout, live: np.ndarray, flat: np.ndarray, step: int,
                meta: dict) -> None:

@@ -2,7 +2,10 @@
 
 Every survivor computes the same decisions from the same inputs (the old layout and the new
 communicator's world ranks), so the only communication is the re-shard traffic itself plus a
-few agreements. Until the final agreement nothing the survivors held is modified: a failure
+few agreements. Newcomers (spares or respawned processes promoted by ``recover(policy=...)``,
+issue 8) hold nothing: one broadcast from the lowest surviving rank tells them the old layout,
+step and metadata, they receive their shard like any other re-shard destination, and the buddy
+that held the replaced rank's replica sends them its header (that rank's data position and RNG). Until the final agreement nothing the survivors held is modified: a failure
 during the rebuild leaves the old holdings intact, and the caller simply recovers and rebuilds
 again (recovery from a failure during recovery).
 """
@@ -11,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import fault
-from .errors import FtError, ProcFailedError, StateLostError
-from .replica import encode_header
+from .errors import FtError, InvalidInputError, ProcFailedError, StateLostError
+from .replica import HEADER_BYTES, decode_header, encode_header
 from .shard import Piece, ShardLayout, holders, reshard_plan
 
 _TAG = 7302
@@ -50,16 +53,61 @@ def _agree_bits(comm, good: set, count: int, timeout) -> set:
     return agreed
 
 
-def verified_sources(opt, comm) -> dict:
+def _old_rank(old: ShardLayout, world_rank: int) -> int:
+    """This process's rank in the old layout, -1 for a newcomer."""
+    return old.world_ranks.index(world_rank) if world_rank in old.world_ranks else -1
+
+
+def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
+    """(old layout, committed step, committed metadata) on every rank of ``comm``. Survivors have
+    them; if ``comm`` has newcomers (``opt.layout`` None there), the lowest surviving rank
+    broadcasts them (one min/max round tells everyone whether that is needed).
+
+    Raises:
+        ProcFailedError etc.: a failure during the exchange (uniform, by an agreement).
+        StateLostError: no rank of ``comm`` holds any state.
+    """
+    from . import _C
+    from .communicator import _timeout
+
+    has = opt.layout is not None
+    ok, shared = 1, None
+    try:
+        mins, _ = _C.minmax(comm._core, [int(has), comm.rank if has else 2**31 - 1], _timeout(opt.timeout))
+        if mins[0]:
+            return opt.layout, opt.step_id, opt.committed_meta
+        root = mins[1]
+        if root == 2**31 - 1:
+            raise StateLostError("rebuild: no rank of the communicator holds any state", lost_shards=[],
+                                 step=-1, failed_ranks=[])
+        blob = np.zeros(HEADER_BYTES, np.uint8)
+        if comm.rank == root:
+            blob = encode_header({"numel": opt.layout.numel, "world_ranks": list(opt.layout.world_ranks),
+                                  "step": opt.step_id, "meta": opt.committed_meta,
+                                  "replicas": opt.replicas, "rule": opt.rule.name}, np.zeros(0, np.float32))
+        comm.broadcast(blob, root, timeout=opt.timeout)
+        shared = decode_header(blob)
+    except FtError:
+        ok = 0
+    if not comm.agree(ok, timeout=opt.timeout) or shared is None:
+        raise ProcFailedError("rebuild: a rank failed while newcomers learned the old layout", step=opt.step_id)
+    if has:
+        return opt.layout, opt.step_id, opt.committed_meta
+    if shared["rule"] != opt.rule.name or shared["replicas"] != opt.replicas:
+        raise InvalidInputError(f"newcomer built a {opt.rule.name} optimizer with {opt.replicas} replica(s), "
+                                f"the survivors run {shared['rule']} with {shared['replicas']}")
+    return ShardLayout(int(shared["numel"]), tuple(shared["world_ranks"])), int(shared["step"]), shared["meta"]
+
+
+def verified_sources(opt, comm, old: ShardLayout, step: int) -> dict:
     """Chooses a source per old shard and checks each replica used (header step and shard, CRC-32)
     by an agreement; a bad replica makes the next buddy the source.
 
     Raises:
         StateLostError: some shard has no valid copy left (the same on every survivor).
     """
-    old, step = opt.layout, opt.step_id
     alive = set(comm.world_ranks)
-    me_old = old.world_ranks.index(comm.world_rank)
+    me_old = _old_rank(old, comm.world_rank)
     bad = set()
     while True:
         sources, lost = choose_sources(old, alive, opt.replicas, bad)
@@ -82,18 +130,20 @@ def verified_sources(opt, comm) -> dict:
 
 def _holding(opt, comm, shard: int) -> np.ndarray:
     """This rank's copy of old ``shard``: its live state or a committed replica."""
-    me_old = opt.layout.world_ranks.index(comm.world_rank)
+    me_old = _old_rank(opt.layout, comm.world_rank)
     return opt.live if shard == me_old else opt.store.get(shard).state
 
 
-def move_pieces(opt, comm, plan: list[Piece], new: ShardLayout, fill) -> int:
+def move_pieces(opt, comm, plan: list[Piece], old: ShardLayout, new: ShardLayout, fill,
+                headers=()) -> int:
     """Runs the re-shard plan: one ``exchange`` with every piece this rank sends or receives, per
-    slot; pieces within this rank are copied. ``fill`` is the new shard array (slots, shard_len).
+    slot, plus ``headers`` ((src, dst, send array, receive array) for newcomers); pieces within
+    this rank are copied. ``fill`` is the new shard array (slots, shard_len).
 
     Returns:
         Bytes this rank received.
     """
-    old, me = opt.layout, comm.rank
+    me = comm.rank
     sends, recvs, received = [], [], 0
     for p in plan:
         if me not in (p.src, p.dst):
@@ -111,8 +161,28 @@ def move_pieces(opt, comm, plan: list[Piece], new: ShardLayout, fill) -> int:
             else:
                 recvs.append((p.src, dst_view))
                 received += dst_view.nbytes
+    for src, dst, out, into in headers:
+        if src == me:
+            sends.append((dst, out))
+        if dst == me:
+            recvs.append((src, into))
     comm.exchange(sends=sends, recvs=recvs, tag=_TAG, timeout=opt.timeout)
     return received
+
+
+def newcomer_headers(opt, comm, old: ShardLayout, sources: dict, into: np.ndarray) -> list:
+    """Header transfers for newcomers: the newcomer at new rank d took the place of old rank d
+    (spares keep ranks, ftcomm/spares.py), so it gets the header of the replica of old shard d
+    (that rank's committed metadata), from the buddy chosen as that shard's source."""
+    alive, new_rank = set(comm.world_ranks), {w: r for r, w in enumerate(comm.world_ranks)}
+    out = []
+    for d, w in enumerate(comm.world_ranks):
+        if w in old.world_ranks or d >= old.size or old.world_ranks[d] in alive or d not in sources:
+            continue
+        src = new_rank[old.world_ranks[sources[d]]]
+        replica = opt.store.get(d) if src == comm.rank else None
+        out.append((src, d, replica.header if replica is not None else None, into))
+    return out
 
 
 def plan_bytes(plan: list[Piece], slots: int) -> int:
@@ -127,8 +197,7 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
     try:
         if ok:
             comm.allgather(live[0], flat, timeout=opt.timeout)
-            meta_new = dict(opt._header_meta(step, meta), shard=comm.rank, shard_len=new.shard_len)
-            header = encode_header(meta_new, live)
+            header = encode_header(opt._header_meta(step, meta, comm, new), live)
             opt.store.replicate(comm, header, live, opt.timeout)
     except FtError:
         ok = 0
@@ -139,21 +208,26 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
 
 
 def rebuild_in_memory(opt, comm) -> dict:
-    """ShardedOptimizer.rebuild's body (see there)."""
-    old, step = opt.layout, opt.step_id
-    sources = verified_sources(opt, comm)
+    """ShardedOptimizer.rebuild's body (see there); on a newcomer, its first state."""
+    old, step, meta = share_old_state(opt, comm)
+    sources = verified_sources(opt, comm, old, step)
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
     new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
     plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
-    live = np.zeros((opt.live.shape[0], new.shard_len), np.float32)
+    live = np.zeros((len(opt.rule.slots), new.shard_len), np.float32)
+    header = np.zeros(HEADER_BYTES, np.uint8)
+    headers = newcomer_headers(opt, comm, old, sources, header)
     ok = 1
     try:
         fault.point("rebuild", comm.world_rank, step)
-        move_pieces(opt, comm, plan, new, live)
+        move_pieces(opt, comm, plan, old, new, live, headers)
     except FtError:
         ok = 0
-    finish(opt, comm, new, live, step, opt.committed_meta, ok)
-    me_old = old.world_ranks.index(comm.world_rank)
+    me_old = _old_rank(old, comm.world_rank)
+    if me_old < 0 and any(dst == comm.rank for _, dst, _, _ in headers):
+        meta = (decode_header(header) or {}).get("extra", meta)  # the replaced rank's own metadata
+    finish(opt, comm, new, live, step, meta, ok)
     return {"bytes_moved": plan_bytes(plan, live.shape[0]), "sources": sources,
             "from_replica": sorted(s for s, h in sources.items() if h != s),
-            "old_size": old.size, "new_size": new.size, "old_rank": me_old}
+            "old_size": old.size, "new_size": new.size, "old_rank": me_old,
+            "newcomers": sorted(r for r, w in enumerate(comm.world_ranks) if w not in old.world_ranks)}

@@ -82,12 +82,12 @@ def build_command(args, run_dir: str) -> list[str]:
     """The full launcher command for parsed arguments ``args``."""
     launcher = find_launcher(args.mpi)
     env_names = [n for n in _FORWARDED_ENV if n in os.environ]
-    env_names += sorted(n for n in os.environ if n.startswith("FTCOMM_"))
+    env_names += sorted(n for n in os.environ if n.startswith("FTCOMM_") and n != "FTCOMM_SPARES")
     if args.mpi == "openmpi":
         cmd = [launcher]
         if not args.no_ft:
             cmd += ["--with-ft", "ulfm"]
-        cmd += ["-n", str(args.np)]
+        cmd += ["-n", str(args.np + args.spares)]
         if args.hostfile:
             cmd += ["--hostfile", args.hostfile]
         if args.ranks_per_node:  # issue 9: a fixed number of ranks on each node
@@ -105,15 +105,19 @@ def build_command(args, run_dir: str) -> list[str]:
         for name, value in args.mca:
             cmd += ["--mca", name, value]
         cmd += ["-x", f"FTCOMM_RUN_DIR={run_dir}"]
+        if args.spares:  # issue 8: the last S ranks of MPI_COMM_WORLD wait as spares
+            cmd += ["-x", f"FTCOMM_SPARES={args.spares}"]
         for name in env_names:
             cmd += ["-x", name]
     else:  # MPICH's hydra
-        cmd = [launcher, "-n", str(args.np), "-disable-auto-cleanup"]
+        cmd = [launcher, "-n", str(args.np + args.spares), "-disable-auto-cleanup"]
         if args.hostfile:
             cmd += ["-f", args.hostfile]
         for name, value in read_env_file(config_dir() / "mpich-ulfm.env"):
             cmd += ["-genv", name, value]
         cmd += ["-genv", "FTCOMM_RUN_DIR", run_dir]
+        if args.spares:
+            cmd += ["-genv", "FTCOMM_SPARES", str(args.spares)]
         if env_names:
             cmd += ["-envlist", ",".join(env_names)]
     cmd += shlex.split(args.mpirun_args or "")
@@ -127,6 +131,9 @@ def parse_args(argv=None):
         epilog="Everything after the options is the program and its arguments.",
     )
     p.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
+    p.add_argument("--spares", type=int, default=0, metavar="S",
+                   help="start S more processes as idle spares: recover(policy='spares') promotes one "
+                        "into each failed rank's place (default 0)")
     p.add_argument("--hostfile", help="hostfile for a multi-node job (see mpi_configs/hostfile.example)")
     p.add_argument("--mpi", choices=("openmpi", "mpich"), default="openmpi",
                    help="which MPI launches the job (default: openmpi)")
@@ -151,6 +158,8 @@ def parse_args(argv=None):
         p.error("-n must be at least 1")
     if not args.program:
         p.error("no program given")
+    if args.spares < 0:
+        p.error("--spares must be at least 0")
     if args.fake_nodes and not args.hostfile:
         p.error("--fake-nodes needs --hostfile (one line per made-up node: `n1 slots=2`)")
     if args.fake_nodes and "btl" not in {name for name, _ in args.mca}:
@@ -214,7 +223,7 @@ def main(argv=None) -> int:
             return 0
         rc = _run(cmd, args.timeout, run_dir)
         reports = read_reports(run_dir)
-        finished, lost = summarize(run_dir, args.np, reports)
+        finished, lost = summarize(run_dir, args.np + args.spares, reports)
         crashed = failed_ranks(reports)
     if rc == 0 and crashed:  # e.g. MPI_Finalize overran after the error and the rank exited 0
         print(f"ftcomm-run: job failed: world rank(s) {crashed} ended by an uncaught exception",
@@ -224,7 +233,7 @@ def main(argv=None) -> int:
         print(f"ftcomm-run: job failed: all {args.np} ranks lost", file=sys.stderr)
         return 1
     if rc == 0 and lost:
-        print(f"ftcomm-run: job recovered: {len(finished)} of {args.np} ranks finished, "
+        print(f"ftcomm-run: job recovered: {len(finished)} of {args.np + args.spares} processes finished, "
               f"lost world rank(s) {lost}", file=sys.stderr)
         return args.recovered_exit_code
     return rc

@@ -337,6 +337,69 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
 #endif
 }
 
+Status Communicator::Split(int color, int key, double timeout_s, std::unique_ptr<Communicator>* out) {
+  MPI_Comm split = MPI_COMM_NULL;
+  int rc;
+  {
+    watchdog::Guard guard(timeout_s, "MPI_Comm_split", watchdog::Action::kKillSelf, world_ranks_);
+    rc = MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &split);
+  }
+  if (rc != MPI_SUCCESS) return Classify(rc, "split");
+  if (split == MPI_COMM_NULL) return Status::Ok();
+  std::unique_ptr<Communicator> result(new Communicator(split));
+  Status s = result->SyncNew(timeout_s);
+  if (!s.ok()) {
+    result->failure_seen_ = true;
+    result.release();  // left to MPI_Finalize, see ~Communicator
+    return s;
+  }
+  *out = std::move(result);
+  return Status::Ok();
+}
+
+Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* source) {
+  Deadline deadline(timeout_s < 0 ? 1e12 : timeout_s);
+  for (int idle_polls = 0;; ++idle_polls) {
+    int flag = 0;
+    MPI_Status status;
+    int rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      Status s = Classify(rc, "spare wait");
+#if FTCOMM_HAVE_ULFM
+      int acked = 0;  // re-arms MPI_ANY_SOURCE receives for the next wait
+      MPIX_Comm_ack_failed(comm_, size_, &acked);
+#endif
+      return s;
+    }
+    if (flag) {
+      rc = MPI_Recv(value, 1, MPI_INT, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return Classify(rc, "spare wait");
+      *source = status.MPI_SOURCE;
+      return Status::Ok();
+    }
+    liveness::Beat();
+    if (deadline.expired()) {
+      return Status::Error(StatusCode::kTimeout, "spare wait: no signal within " +
+                                                     std::to_string(timeout_s) + " s");
+    }
+    // Idle spares may outnumber cores many times over: after a short spin, sleep up to 2 ms.
+    if (idle_polls > 64) usleep(std::min(2000, 10 * (idle_polls - 64)));
+  }
+}
+
+Status Communicator::Signal(int peer, int tag, int value, double timeout_s) {
+  MPI_Request req;
+  int rc = MPI_Isend(&value, 1, MPI_INT, peer, tag, comm_, &req);
+  if (rc != MPI_SUCCESS) return Classify(rc, "signal");
+  Status s = Wait(&req, 1, Deadline(timeout_s), "signal");
+  if (!s.ok() && req != MPI_REQUEST_NULL) {
+    // Not Drain: a signal that could not be delivered must not revoke the whole pool.
+    MPI_Cancel(&req);
+    MPI_Request_free(&req);
+  }
+  return s;
+}
+
 void Communicator::set_recovered(std::unique_ptr<Communicator> comm, std::vector<int> old_to_new) {
   recovered_ = std::move(comm);
   recovered_map_ = std::move(old_to_new);

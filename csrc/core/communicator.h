@@ -43,6 +43,22 @@ class Communicator {
   // itself cannot be interrupted: past `timeout_s` the watchdog kills this rank.
   Status Shrink(double timeout_s, std::unique_ptr<Communicator>* out, std::vector<int>* old_to_new);
 
+  // MPI_Comm_split, then an agreement that confirms the new communicator (issue 8: a spare pool
+  // splits into the active communicator, ranks ordered by `key`). `color` < 0 means
+  // MPI_UNDEFINED: this rank joins no new communicator and `*out` stays null. Like shrink, the
+  // split cannot be interrupted: past `timeout_s` the watchdog kills this rank.
+  Status Split(int color, int key, double timeout_s, std::unique_ptr<Communicator>* out);
+
+  // Waits for one int sent with `tag` from any rank (MPI_Iprobe polling, so no request is left
+  // behind when the wait ends in error). `*source` is the sender. Used by idle spare ranks, which
+  // may wait for hours: polls sleep up to 2 ms and keep this rank's heartbeat fresh.
+  // Errors: kRevoked once any rank revokes; kProcFailed when a failure was first noticed (it is
+  // acknowledged, so the next wait goes on); kTimeout past `timeout_s` (< 0: no deadline).
+  Status WaitSignal(int tag, double timeout_s, int* value, int* source);
+
+  // Sends one int with `tag` to `peer` (small, hence eager) and waits for it until `timeout_s`.
+  Status Signal(int peer, int tag, int value, double timeout_s);
+
   // MPIX_Comm_agree: bitwise AND of `*flag` over the live ranks, the same on all of them. A
   // failure during the call is acknowledged and the agreement repeated, so the call returns the
   // agreed value unless the deadline passes. `*saw_failure` tells whether a failure was seen.
