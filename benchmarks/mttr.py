@@ -16,6 +16,11 @@ For each size, two jobs (each under ftcomm-run with a hard timeout):
   the ranks load the checkpoint and redo the lost steps. Reported: kill to the first committed
   step after the relaunch, and kill to regaining the step reached before the kill.
 
+With ``--policies shrink,spares,respawn`` the memory job is repeated with each recovery policy
+(issue 8): ``spares`` launches one spare (``ftcomm-run --spares 1``) that takes the killed rank's
+place, so the world size stays N; ``respawn`` falls back to shrink where MPI_Comm_spawn is
+unreliable (Open MPI 5.0.x, docs/SPARES.md), and the result says so.
+
 Replication overhead = replicate phase / whole step (the median over steady steps). Writes
 ``OUT/mttr.json`` and ``OUT/mttr_timeline.png``.
 """
@@ -55,7 +60,7 @@ def worker(args) -> None:
     h = hidden_for(args.params)
     model = torch.nn.Sequential(torch.nn.Linear(256, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
                                 torch.nn.ReLU(), torch.nn.Linear(h, 10))
-    comm = ftcomm.Communicator()
+    comm = ftcomm.world()  # a spare waits in here until it is promoted
     disk = args.mode == "disk"
     opt = ftcomm.ShardedOptimizer(model.parameters(), comm, optimizer="adamw", lr=1e-4,
                                   replicas=0 if disk else args.replicas)
@@ -96,7 +101,7 @@ def worker(args) -> None:
 
     try:
         summary = elastic.run(train_step, state, steps=args.steps, progress=False, on_commit=on_commit,
-                              log_path=os.path.join(args.log_dir, "rank{rank}.jsonl"))
+                              log_path=os.path.join(args.log_dir, "rank{rank}.jsonl"), policy=args.policy)
     except ftcomm.FtError as err:
         if disk:  # the classic way: a failure ends the job
             log(event="abort", step=opt.step_id, error=type(err).__name__)
@@ -108,9 +113,9 @@ def worker(args) -> None:
 
 
 # ------------------------------------------------------------------ driver
-def launch(args, size_name, mode, log_dir, extra=()):
+def launch(args, size_name, mode, log_dir, extra=(), spares=0):
     cmd = [sys.executable, "-m", "ftcomm.run", "-n", str(args.ranks), "--timeout", str(args.job_timeout),
-           sys.executable, __file__, "--worker", "--mode", mode, "--params", str(SIZES[size_name]),
+           "--spares", str(spares), sys.executable, __file__, "--worker", "--mode", mode, "--params", str(SIZES[size_name]),
            "--steps", str(args.steps), "--kill-step", str(args.kill_step), "--batch", str(args.batch),
            "--replicas", str(args.replicas), "--ckpt-every", str(args.ckpt_every),
            "--ckpt-dir", str(Path(log_dir) / "ckpt"), "--log-dir", str(log_dir), *extra]
@@ -163,6 +168,21 @@ def disk_result(before, after, relaunch_started, kill_step):
                                               and e["rank"] == 0)}
 
 
+def run_policy(args, name, log_dir, policy) -> dict:
+    """The memory job with recovery ``policy``: MTTR, its phases, and the world size after it."""
+    proc, wall, _ = launch(args, name, "memory", log_dir, extra=("--policy", policy),
+                           spares=1 if policy == "spares" else 0)
+    events = read_events(log_dir)
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    out = memory_result(events)
+    rec = next(e for e in events if e["event"] == "recovered")
+    last = max((e for e in events if e["event"] == "step"), key=lambda e: e["step"])
+    out.update(job_wall_s=wall, world_size_after=last["world_size"], fallback=rec.get("fallback"),
+               policy_used=rec.get("policy"))
+    return out
+
+
 def run_size(args, name):
     base = Path(args.out) / name
     shutil.rmtree(base, ignore_errors=True)
@@ -178,6 +198,9 @@ def run_size(args, name):
     summ = next((e for e in events if e["event"] == "summary"), {})
     res.update({k: summ.get(k) for k in ("params", "peak_rss_bytes", "replica_bytes", "shard_bytes")})
     res["memory"]["job_wall_s"] = wall
+    for policy in args.policies.split(","):
+        if policy != "shrink":
+            res[f"memory_{policy}"] = run_policy(args, name, base / f"memory_{policy}", policy)
     disk_dir = base / "disk"
     proc1, wall1, _ = launch(args, name, "disk", disk_dir)
     before = read_events(disk_dir)
@@ -242,6 +265,9 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="global batch")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--job-timeout", type=float, default=300)
+    p.add_argument("--policies", default="shrink",
+                   help="recovery policies to measure, comma-separated from shrink,spares,respawn")
+    p.add_argument("--policy", default="shrink", help=argparse.SUPPRESS)  # worker's policy
     p.add_argument("--out", default=str(REPO / "results" / "mttr"))
     # worker mode (the benchmark launches itself under ftcomm-run)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

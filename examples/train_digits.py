@@ -4,9 +4,12 @@ ftcomm's sharded AdamW, buddy replicas and elastic driver; ranks can be killed o
     ftcomm-run -n 4 --timeout 300 python examples/train_digits.py
     ftcomm-run -n 4 --timeout 300 python examples/train_digits.py --kill 2@60
     ftcomm-run -n 4 --timeout 300 python examples/train_digits.py --kill 1@40 --kill 3@120
+    ftcomm-run -n 4 --spares 1 --timeout 300 python examples/train_digits.py --policy spares --kill 2@60
 
 ``--kill RANK@STEP`` arms ftcomm's fault injection (point "train_step"): world rank RANK
-SIGKILLs itself at the start of training step STEP. The survivors recover, re-shard and go on;
+SIGKILLs itself at the start of training step STEP. The survivors recover, re-shard and go on
+(``--policy shrink``, the default), or an idle spare takes the dead rank's place and the world
+size stays 4 (``--policy spares``, with ``ftcomm-run --spares S``; spares have world ranks 4, 5, ...);
 at the end rank 0 prints the test accuracy, the recovery timeline and the MTTR (kill to the
 first committed step after it), and one JSON summary line (prefix ``SUMMARY``).
 """
@@ -17,6 +20,7 @@ import glob
 import json
 import os
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -37,6 +41,8 @@ def parse_args():
     p.add_argument("--replicas", type=int, default=1, help="buddies per shard (k)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="SIGKILL world rank RANK at training step STEP (repeatable)")
+    p.add_argument("--policy", choices=("shrink", "spares", "respawn"), default="shrink",
+                   help="recovery policy (spares: launch with ftcomm-run --spares S)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="results/train_digits", help="JSON-lines event logs go here")
     p.add_argument("--checkpoint-dir", help="disk checkpoints (fallback only)")
@@ -60,7 +66,11 @@ def load_data(seed: int):
 
 
 def run_id(comm) -> int:
-    """The same id on every rank (rank 0's clock), to keep this run's logs apart."""
+    """The same id on every rank, to keep this run's logs apart: from ftcomm-run's run directory
+    (a promoted spare arrives late and must find it without asking), else rank 0's clock."""
+    run_dir = os.environ.get("FTCOMM_RUN_DIR")
+    if run_dir:
+        return zlib.crc32(run_dir.encode())
     value = np.array([int(time.time() * 1000) if comm.rank == 0 else 0], np.int64)
     comm.broadcast(value, 0)
     return int(value[0])
@@ -94,7 +104,7 @@ def main():
     args = parse_args()
     torch.manual_seed(args.seed)
     xtr, ytr, xte, yte = load_data(args.seed)
-    comm = ftcomm.Communicator()
+    comm = ftcomm.world()  # on a spare: returns once it is promoted (or ends the process)
     rid = run_id(comm)
     for rank, step in args.kill:
         fault.inject("train_step", rank=rank, step=step, kind="kill")
@@ -123,7 +133,7 @@ def main():
     t0 = time.time()
     summary = elastic.run(train_step, state, epochs=args.epochs, log_path=log_path,
                           progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
-                          checkpoint_every=args.checkpoint_every)
+                          checkpoint_every=args.checkpoint_every, policy=args.policy)
     wall = time.time() - t0
     model.eval()
     with torch.no_grad():

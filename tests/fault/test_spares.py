@@ -1,0 +1,175 @@
+"""Issue 8: recovery back to the full world size with spare ranks (and respawn, where it works).
+
+4 active ranks plus spares under ftcomm-run --spares S. After a kill the world is back to 4, every
+survivor keeps its rank, and the state on every rank, the promoted spare included, is bitwise the
+state of the last committed step; a run with kills ends bitwise where a failure-free run ends."""
+import re
+from collections import defaultdict
+
+import pytest
+
+from harness import JOBS, run_job
+
+pytestmark = pytest.mark.fault
+TIMEOUT = 150
+RECOVERED = 3  # --recovered-exit-code: the launcher must tell a recovered run from a clean one
+
+
+def _train(fault, spares, *args, policy="spares"):
+    env = {"FTCOMM_TIMEOUT": "30"}
+    if fault:
+        env["FTCOMM_FAULT"] = fault
+    return run_job(JOBS / "spares_train.py", 4, "--policy", policy, *args, env=env, timeout=TIMEOUT,
+                   launcher_args=("--spares", str(spares), "--recovered-exit-code", str(RECOVERED)))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Final state digest and per-step digests of a failure-free run (spares idle, released)."""
+    res = _train(None, 1)
+    assert res.returncode == 0, res.describe()
+    done = res.by_rank(event="done")
+    assert sorted(done) == [0, 1, 2, 3], res.describe()  # the spare (world rank 4) never reports
+    finals = {d["final"] for d in done.values()}
+    assert len(finals) == 1
+    return {"final": finals.pop(), "commits": _commits(res)}
+
+
+def _commits(res) -> dict:
+    """(step, rank) -> the commit report of that rank at that step (one per (step, rank))."""
+    out = {}
+    for r in res.reports:
+        if r["event"] == "commit":
+            assert (r["step"], r["rank"]) not in out, f"step {r['step']} committed twice on rank {r['rank']}"
+            out[(r["step"], r["rank"])] = r
+    return out
+
+
+def _check_recovery(res, reference, victims_by_step):
+    """Every recovery: survivors bitwise equal to their snapshot, newcomers equal to the
+    survivors and to the replaced rank's committed RNG and data position; world back to 4;
+    the committed steps exactly those of the reference, bitwise."""
+    commits = _commits(res)
+    events = [r for r in res.reports if r["event"] in ("recovered", "joined")]
+    by_step = defaultdict(list)
+    for e in events:
+        by_step[e["step"]].append(e)
+    assert sorted(by_step) == sorted(victims_by_step), (sorted(by_step), res.describe())
+    for step, group in by_step.items():
+        assert sorted(e["rank"] for e in group) == [0, 1, 2, 3] and {e["size"] for e in group} == {4}
+        assert len({e["state"] for e in group}) == 1 and len({e["params"] for e in group}) == 1
+        for e in group:
+            if e["event"] == "recovered":
+                assert not e["promoted"] and e["equal"] == {"state": True, "params": True, "rng": True,
+                                                            "sampler": True}, e
+            else:
+                assert e["promoted"] and e["world_rank"] >= 4
+                replaced = commits[(step, e["rank"])]  # the dead rank's report of the last commit
+                assert replaced["world_rank"] == victims_by_step[step]
+                assert (e["state"], e["params"], e["rng"], e["sampler"]) == (
+                    replaced["state"], replaced["params"], replaced["rng"], replaced["sampler"])
+    assert sorted(commits) == sorted(reference["commits"])  # no step lost, none applied twice
+    for key, ref in reference["commits"].items():
+        got = commits[key]
+        assert (got["state"], got["rng"], got["sampler"]) == (ref["state"], ref["rng"], ref["sampler"]), key
+    done = res.by_rank(event="done")
+    assert {d["size"] for d in done.values()} == {4} and sorted(d["rank"] for d in done.values()) == [0, 1, 2, 3]
+    assert {d["final"] for d in done.values()} == {reference["final"]}
+    return done
+
+
+def test_spare_takes_the_killed_ranks_place(reference):
+    res = _train("rank=2,point=train_step,step=4", 1)
+    assert res.returncode == RECOVERED, res.describe()
+    done = _check_recovery(res, reference, {3: 2})
+    assert sorted(done) == [0, 1, 3, 4] and done[4]["rank"] == 2 and done[4]["promoted"]
+
+
+def test_two_failures_in_a_row_promoted_spare_dies_too(reference):
+    # Rank 2 dies at step 4 (spare 4 takes its place), then that spare dies at step 7 (spare 5).
+    res = _train("rank=2,point=train_step,step=4;rank=4,point=train_step,step=7", 2)
+    assert res.returncode == RECOVERED, res.describe()
+    done = _check_recovery(res, reference, {3: 2, 6: 4})
+    assert sorted(done) == [0, 1, 3, 5] and done[5]["rank"] == 2
+
+
+def test_failure_during_the_spares_join_is_survived(reference):
+    # Rank 1 dies at step 4; during the rebuild that brings spare 4 in, rank 3 dies too (a failure
+    # during recovery): the round starts over and spare 5 takes rank 3's place.
+    res = _train("rank=1,point=train_step,step=4;rank=3,point=rebuild,step=3", 2)
+    assert res.returncode == RECOVERED, res.describe()
+    done = res.by_rank(event="done")
+    assert sorted(done) == [0, 2, 4, 5], res.describe()
+    assert {d["size"] for d in done.values()} == {4} and {d["final"] for d in done.values()} == {reference["final"]}
+    assert sorted(_commits(res)) == sorted(reference["commits"])
+
+
+def test_spares_exhausted_falls_back_to_shrink_logged(reference):
+    res = _train("rank=2,point=train_step,step=4;rank=1,point=train_step,step=7", 1)
+    assert res.returncode == RECOVERED, res.describe()
+    assert "spares exhausted; shrinking instead" in res.stderr
+    fallback = [r for r in res.reports if r["event"] == "recovered" and r["step"] == 6]
+    assert sorted(r["rank"] for r in fallback) == [0, 1, 2] and all(r["size"] == 3 for r in fallback)
+    assert all(r["policy"] == "shrink" and r["fallback"] == "spares exhausted" for r in fallback)
+    assert all(r["equal"] == {"state": True, "params": True, "rng": True, "sampler": True} for r in fallback)
+    done = res.by_rank(event="done")
+    assert sorted(done) == [0, 3, 4] and {d["size"] for d in done.values()} == {3}
+
+
+@pytest.mark.parametrize("point", ["before", "reduce_scatter,ring_step=1,chunk=0", "commit"])
+def test_allreduce_keeps_ranks_and_size(point):
+    """Communicator level: a committed allreduce sums (r + 1) * step over ranks r; after the kill
+    the sum of a full world (10 * step) comes back at once, the newcomer in rank 2's place."""
+    res = run_job(JOBS / "spares_allreduce.py", 4, "spares", 6,
+                  env={"FTCOMM_FAULT": f"rank=2,point={point},step=3,kind=kill", "FTCOMM_TIMEOUT": "30"},
+                  launcher_args=("--spares", "1"), timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    reports = res.by_rank()
+    assert sorted(reports) == [0, 1, 3, 4], res.describe()
+    for w, r in reports.items():
+        assert r["size"] == 4 and r["world_ranks"] == [0, 1, 4, 3]
+        assert r["rank"] == (2 if w == 4 else w) and r["promoted"] == (w == 4)
+        first = 3 if w == 4 else 0
+        assert r["results"] == {str(s): 10.0 * s for s in range(first, 7)}
+
+
+def test_spares_policy_without_a_pool_shrinks_logged():
+    res = run_job(JOBS / "spares_allreduce.py", 4, "spares", 4,
+                  env={"FTCOMM_FAULT": "rank=1,point=before,step=2,kind=kill", "FTCOMM_TIMEOUT": "30"},
+                  timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert "no spare pool (start the job with ftcomm-run --spares S); shrinking instead" in res.stderr
+    reports = res.by_rank()
+    assert sorted(reports) == [0, 2, 3]
+    # ranks 0, 2, 3 contribute (r + 1) * step with new ranks 0, 1, 2: 6 * step after the shrink
+    assert all(r["results"]["4"] == 24.0 and r["size"] == 3 for r in reports.values())
+
+
+def test_respawn_falls_back_to_shrink_with_the_reason_logged():
+    res = run_job(JOBS / "spares_allreduce.py", 4, "respawn", 4,
+                  env={"FTCOMM_FAULT": "rank=1,point=before,step=2,kind=kill", "FTCOMM_TIMEOUT": "30"},
+                  timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    assert "recover(policy='respawn'): MPI_Comm_spawn is unreliable in Open MPI 5.0.x" in res.stderr
+    reports = res.by_rank()
+    assert sorted(reports) == [0, 2, 3] and all(r["results"]["4"] == 24.0 for r in reports.values())
+    assert all(r["recoveries"][0]["policy"] == "shrink" and "Open MPI 5.0.x" in r["recoveries"][0]["fallback"]
+               for r in reports.values())
+
+
+def test_forced_respawn_recovers_right_but_its_end_is_unreliable():
+    """The evidence behind the respawn fallback (docs/SPARES.md). Forced on Open MPI 5.0.11,
+    respawn brings the world back to 4 with the right sums; what fails, in about one run in four,
+    is the end: MPI_Finalize across the spawned job hangs (ftcomm's watchdog then exits the rank)
+    or crashes, and the launcher reports an abnormal end."""
+    res = run_job(JOBS / "spares_allreduce.py", 4, "respawn", 4,
+                  env={"FTCOMM_FAULT": "rank=1,point=before,step=2,kind=kill", "FTCOMM_TIMEOUT": "20",
+                       "FTCOMM_FINALIZE_TIMEOUT": "10", "FTCOMM_RESPAWN": "force"}, timeout=90)
+    reports = [r for r in res.reports if "results" in r]
+    assert len(reports) == 4, res.describe()
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    for r in reports:
+        assert r["size"] == 4 and r["results"]["4"] == 40.0 and r["promoted"] == (r["rank"] == 1)
+        assert r["recoveries"] == [] if r["promoted"] else r["recoveries"][0]["policy"] == "respawn"
+    known_end = re.search(r"MPI_Finalize did not finish in time|Segmentation fault", res.stdout + res.stderr)
+    assert res.returncode == 0 or known_end, res.describe()
