@@ -58,10 +58,17 @@ def create_process_group(backend_opts, backend_options=None) -> ProcessGroupFtco
 
     Raises:
         RuntimeError: torch's world size is not MPI's (the job was not launched with one MPI
-            process per torch rank).
+            process per torch rank), or the job has spare ranks (FTCOMM_SPARES > 0).
     """
     from mpi4py import MPI
 
+    from .. import config
+
+    if config.spares() > 0:
+        raise RuntimeError(
+            "ftcomm backend: spare ranks (ftcomm-run --spares) are not supported by the torch backend "
+            "yet (a promoted spare would have to join DDP mid-run); it recovers by shrinking. Spares "
+            "work with ftcomm.elastic and ShardedOptimizer (docs/SPARES.md)")
     rank, size = int(backend_opts.group_rank), int(backend_opts.group_size)
     timeout = _timeout_seconds(backend_opts.timeout)
     members = [int(r) for r in backend_opts.global_ranks_in_group]

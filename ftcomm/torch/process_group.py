@@ -168,7 +168,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     def _recover(self, comm, name: str, exc: FtError) -> bool:
         t0 = time.perf_counter()
-        new = comm.recover(timeout=self._timeout)
+        new = comm.recover(timeout=self._timeout, policy="shrink")  # spares: see create_process_group
         with self._lock:
             self._comm = new
             self.generation += 1

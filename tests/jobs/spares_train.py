@@ -81,6 +81,6 @@ def on_recover(state, event):
 
 
 summary = elastic.run(train_step, state, steps=args.steps, progress=False, on_commit=on_commit,
-                      on_recover=on_recover, policy=args.policy)
+                      on_recover=on_recover, policy=args.policy, max_recoveries=64)
 report(event="done", steps=summary.steps, failures=summary.failures, size=summary.world_size,
        rank=opt.comm.rank, promoted=opt.comm.promoted, final=digests()["state"])
