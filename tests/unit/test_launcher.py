@@ -63,3 +63,17 @@ def test_summary_counts_lost_ranks(tmp_path):
     (tmp_path / "rank0.json").write_text('{"world_rank": 0, "pid": 1, "lost": [2]}')
     (tmp_path / "rank1.json").write_text('{"world_rank": 1, "pid": 2, "lost": [2]}')
     assert run.summarize(str(tmp_path), 4) == ([0, 1], [2, 3])
+
+
+def test_spares_add_processes_and_tell_the_ranks(capsys, monkeypatch):
+    monkeypatch.setenv("FTCOMM_SPARES", "9")  # a stale value in the caller's environment is not forwarded
+    cmd = dry_run(capsys, "-n", "4", "--spares", "2", "python", "train.py")
+    assert cmd[cmd.index("-n") + 1] == "6"
+    exported = [cmd[i + 1] for i, w in enumerate(cmd) if w == "-x"]
+    assert "FTCOMM_SPARES=2" in exported and "FTCOMM_SPARES" not in exported
+
+
+def test_negative_spares_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        run.main(["--dry-run", "-n", "4", "--spares", "-1", "python", "x.py"])
+    assert exc.value.code == 2 and "--spares must be at least 0" in capsys.readouterr().err
