@@ -95,7 +95,7 @@ class SparePool:
             raise ProcFailedError(f"spare: every active rank failed ({sorted(failed)}); nothing to join") from error
 
     # -- the survivors' side ------------------------------------------------------------------
-    def refill(self, old, timeout: float):
+    def refill(self, old):
         """Survivor side of ``Communicator.recover(policy="spares")`` (``old`` is the
         communicator that failed). Returns the new active Communicator."""
         self.comm.revoke()  # wakes the idle spares
@@ -259,7 +259,7 @@ def recover_with_spares(old, timeout: float):
         return new
     if not old.is_revoked:
         old.revoke()  # peers still blocked on the failed communicator leave it
-    new = p.refill(old, timeout)
+    new = p.refill(old)
     _finish_recovery(old, new, "spares")
     return new
 
