@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -204,6 +205,31 @@ def print_table(rows):
             print("  ".join("-" * w for w in widths))
 
 
+def print_summary(rows) -> None:
+    """One line per scenario over its repetitions: runs ok, detection and recovery ms as median
+    (max), most steps redone, the state checks seen."""
+    by_name: dict = {}
+    for r in rows:
+        by_name.setdefault(r.scenario, []).append(r)
+
+    def med_max(values):
+        values = sorted(v for v in values if v is not None)
+        return "-" if not values else f"{_fmt(statistics.median(values))} ({_fmt(max(values))})"
+
+    head = ("scenario", "ok", "detection ms median (max)", "recovery ms median (max)", "steps redone", "state check")
+    table = [head]
+    for name, runs in by_name.items():
+        table.append((name, f"{sum(r.outcome == 'ok' for r in runs)}/{len(runs)}",
+                      med_max(r.detection_ms for r in runs), med_max(r.recovery_ms for r in runs),
+                      _fmt(max((r.steps_redone for r in runs if r.steps_redone is not None), default=None)),
+                      ", ".join(sorted({r.state_check for r in runs}))))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    for i, row in enumerate(table):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeat", type=int, default=1, help="repetitions of every cell (default 1)")
@@ -212,8 +238,12 @@ def main(argv=None) -> int:
     p.add_argument("--fence-timeout", type=float, default=5.0,
                    help="FTCOMM_TIMEOUT for the jobs, seconds (default 5): the hang detection time")
     p.add_argument("--list", action="store_true", help="list the cells and exit")
+    p.add_argument("--summarize", metavar="JSON", help="print the per-scenario summary of an earlier run and exit")
     p.add_argument("--out", default=str(REPO / "results"), help="directory for the JSON (default results/)")
     args = p.parse_args(argv)
+    if args.summarize:
+        print_summary([Row(**r) for r in json.loads(Path(args.summarize).read_text())["rows"]])
+        return 0
     chosen = [c for c in cells() if not args.only or any(o in c.name for o in args.only)]
     if args.list:
         for c in chosen:
@@ -229,6 +259,9 @@ def main(argv=None) -> int:
                 print("   ", problem, flush=True)
     print()
     print_table(rows)
+    if args.repeat > 1:
+        print()
+        print_summary(rows)
     failures = [r for r in rows if r.outcome != "ok"]
     print(f"\n{len(rows) - len(failures)} of {len(rows)} cells ok ({args.repeat} repetition(s))")
     out = Path(args.out)
