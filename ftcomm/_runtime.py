@@ -96,9 +96,8 @@ def shutdown() -> None:
     the process with status 0 (its work is done)."""
     _write_exit_report()
     spares = sys.modules.get("ftcomm.spares")
-    if spares is not None and not _uncaught:
-        # Idle spares end with the job; a rank that crashed leaves them to its survivors.
-        spares.release_at_exit()
+    if spares is not None:
+        spares.release_at_exit(crashed=_uncaught)  # idle spares end with the job
     _C.liveness_mark_exiting()  # from here on no peer may fence this rank as stuck
     if MPI.Is_initialized() and not MPI.Is_finalized():
         sys.stdout.flush()

@@ -161,6 +161,8 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy
         try:
             report = opt.rebuild(comm)
         except StateLostError as lost:
+            if set(comm.world_ranks) - set(opt.layout.world_ranks):
+                raise  # a newcomer has nothing to restore a disk checkpoint into: fail uniformly
             report = _disk_fallback(opt, comm, lost, log, checkpoint_dir)
         except FtError:
             continue

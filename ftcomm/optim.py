@@ -314,6 +314,11 @@ class ShardedOptimizer:
         result["rebuild_s"] = time.perf_counter() - t0
         return result
 
+    def _old_state_summary(self) -> dict:
+        """What a newcomer learns before a rebuild (ftcomm/rebuild.py, share_old_state)."""
+        return {"numel": self.layout.numel, "world_ranks": list(self.layout.world_ranks), "step": self.step_id,
+                "meta": self.committed_meta, "replicas": self.replicas, "rule": self.rule.name}
+
     def _join(self, comm, max_attempts: int = 8) -> None:
         """A newcomer's start: the survivors' rebuild, repeated (with them) after a failure."""
         policy = (comm.recovery or {}).get("policy", "spares")

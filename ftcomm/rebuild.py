@@ -11,6 +11,8 @@ again (recovery from a failure during recovery).
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from . import fault
@@ -61,35 +63,33 @@ def _old_rank(old: ShardLayout, world_rank: int) -> int:
 def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
     """(old layout, committed step, committed metadata) on every rank of ``comm``. Survivors have
     them; if ``comm`` has newcomers (``opt.layout`` None there), the lowest surviving rank
-    broadcasts them (one min/max round tells everyone whether that is needed).
+    broadcasts them (length, then JSON). One min/max round tells everyone whether that is needed,
+    and one agreement makes the outcome uniform (the min/max round's outcome is local).
 
     Raises:
         ProcFailedError etc.: a failure during the exchange (uniform, by an agreement).
         StateLostError: no rank of ``comm`` holds any state.
+        InvalidInputError: a newcomer's optimizer differs from the survivors' (rule, replicas).
     """
     from . import _C
     from .communicator import _timeout
 
     has = opt.layout is not None
-    ok, shared = 1, None
+    ok, needed, shared = 1, False, None
     try:
         mins, _ = _C.minmax(comm._core, [int(has), comm.rank if has else 2**31 - 1], _timeout(opt.timeout))
-        if mins[0]:
-            return opt.layout, opt.step_id, opt.committed_meta
-        root = mins[1]
-        if root == 2**31 - 1:
+        needed, root = not mins[0], mins[1]
+        if needed and root == 2**31 - 1:
             raise StateLostError("rebuild: no rank of the communicator holds any state", lost_shards=[],
                                  step=-1, failed_ranks=[])
-        blob = np.zeros(HEADER_BYTES, np.uint8)
-        if comm.rank == root:
-            blob = encode_header({"numel": opt.layout.numel, "world_ranks": list(opt.layout.world_ranks),
-                                  "step": opt.step_id, "meta": opt.committed_meta,
-                                  "replicas": opt.replicas, "rule": opt.rule.name}, np.zeros(0, np.float32))
-        comm.broadcast(blob, root, timeout=opt.timeout)
-        shared = decode_header(blob)
-    except FtError:
+        if needed:
+            shared = _broadcast_json(comm, root, opt._old_state_summary() if comm.rank == root else None,
+                                     opt.timeout)
+    except FtError as error:
+        if isinstance(error, StateLostError):
+            raise
         ok = 0
-    if not comm.agree(ok, timeout=opt.timeout) or shared is None:
+    if not comm.agree(ok, timeout=opt.timeout):
         raise ProcFailedError("rebuild: a rank failed while newcomers learned the old layout", step=opt.step_id)
     if has:
         return opt.layout, opt.step_id, opt.committed_meta
@@ -97,6 +97,16 @@ def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
         raise InvalidInputError(f"newcomer built a {opt.rule.name} optimizer with {opt.replicas} replica(s), "
                                 f"the survivors run {shared['rule']} with {shared['replicas']}")
     return ShardLayout(int(shared["numel"]), tuple(shared["world_ranks"])), int(shared["step"]), shared["meta"]
+
+
+def _broadcast_json(comm, root: int, value, timeout):
+    """``value`` (JSON-serialisable, given on ``root``) on every rank: its length, then its bytes."""
+    raw = np.frombuffer(json.dumps(value).encode(), np.uint8) if comm.rank == root else None
+    length = np.array([0 if raw is None else raw.size], np.int64)
+    comm.broadcast(length, root, timeout=timeout)
+    buf = raw.copy() if raw is not None else np.zeros(int(length[0]), np.uint8)
+    comm.broadcast(buf, root, timeout=timeout)
+    return json.loads(buf.tobytes())
 
 
 def verified_sources(opt, comm, old: ShardLayout, step: int) -> dict:
@@ -171,16 +181,18 @@ def move_pieces(opt, comm, plan: list[Piece], old: ShardLayout, new: ShardLayout
 
 
 def newcomer_headers(opt, comm, old: ShardLayout, sources: dict, into: np.ndarray) -> list:
-    """Header transfers for newcomers: the newcomer at new rank d took the place of old rank d
-    (spares keep ranks, ftcomm/spares.py), so it gets the header of the replica of old shard d
-    (that rank's committed metadata), from the buddy chosen as that shard's source."""
+    """Header transfers for newcomers: the k-th newcomer (in new rank order) gets the header of
+    the replica of the k-th lost old shard (in old rank order), from the buddy chosen as that
+    shard's source: the replaced rank's committed metadata (data position, RNG). With spares,
+    which fill the lowest failed ranks first and keep ranks, that is exactly the rank each
+    newcomer replaced; in any case no two ranks end up with the same RNG stream."""
     alive, new_rank = set(comm.world_ranks), {w: r for r, w in enumerate(comm.world_ranks)}
+    lost = [o for o in range(old.size) if old.world_ranks[o] not in alive and o in sources]
+    newcomers = [d for d, w in enumerate(comm.world_ranks) if w not in old.world_ranks]
     out = []
-    for d, w in enumerate(comm.world_ranks):
-        if w in old.world_ranks or d >= old.size or old.world_ranks[d] in alive or d not in sources:
-            continue
-        src = new_rank[old.world_ranks[sources[d]]]
-        replica = opt.store.get(d) if src == comm.rank else None
+    for d, o in zip(newcomers, lost):
+        src = new_rank[old.world_ranks[sources[o]]]
+        replica = opt.store.get(o) if src == comm.rank else None
         out.append((src, d, replica.header if replica is not None else None, into))
     return out
 

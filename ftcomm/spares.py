@@ -37,8 +37,8 @@ from .errors import FtError, InvalidInputError, ProcFailedError
 log = logging.getLogger("ftcomm.recovery")
 
 POLICIES = ("shrink", "spares", "respawn")
-_WAKE_TAG = 7501  # an active tells an idle spare: the job is done (value _RELEASE)
-_RELEASE = 1
+_WAKE_TAG = 7501  # an active tells an idle spare: the job is done, or this active crashed
+_RELEASE, _CRASHED = 1, 2
 _INFO = 3  # ints per member in the assignment allgather: slot, world size, step ledger
 
 
@@ -54,6 +54,7 @@ class SparePool:
     def __init__(self, comm, active_world, timeout: float):
         self.comm, self.active_world, self.timeout = comm, set(active_world), timeout
         self.events: list[dict] = []
+        self.crashed: set[int] = set()  # world ranks of actives that ended by an exception
 
     @property
     def is_spare(self) -> bool:
@@ -88,6 +89,13 @@ class SparePool:
                 log.info("spare (world rank %d) released by rank %d: the job is done",
                          self.comm.world_rank, source)
                 sys.exit(0)
+            if value == _CRASHED:
+                self.crashed.add(self.comm.world_ranks[source])
+                failed = {self.comm.world_ranks[r] for r in self.comm.failed_ranks()}
+                if self.active_world <= self.crashed | failed:
+                    log.warning("spare (world rank %d): every active rank crashed or failed; leaving",
+                                self.comm.world_rank)
+                    sys.exit(0)
 
     def _check_actives_alive(self, error) -> None:
         failed = {self.comm.world_ranks[r] for r in self.comm.failed_ranks()}
@@ -102,14 +110,16 @@ class SparePool:
         return self.rebuild_pool(slot=old.rank, size=old.size, ledger=old.last_committed_step,
                                  old=old)
 
-    def release(self, timeout: float = 5.0) -> None:
+    def release(self, crashed: bool = False, timeout: float = 5.0) -> None:
         """Tells every idle spare that the job is done (each active calls it at exit; a spare
-        leaves on the first release, so one surviving active is enough)."""
+        leaves on the first release, so one surviving active is enough), or, from an active that
+        ends by an exception, that it crashed: the spare stays for its survivors' recovery, and
+        leaves once every active crashed or failed."""
         if self.is_spare or self.comm.is_revoked:
             return
         for peer in self.idle_spares:
             try:
-                self.comm._core.signal(peer, _WAKE_TAG, _RELEASE, timeout)
+                self.comm._core.signal(peer, _WAKE_TAG, _CRASHED if crashed else _RELEASE, timeout)
             except FtError:
                 pass  # that spare is gone; others still get theirs
 
@@ -238,11 +248,11 @@ def start(spares: int, timeout: float):
     return active
 
 
-def release_at_exit() -> None:
-    """Called at exit by every process: an active releases the idle spares."""
+def release_at_exit(crashed: bool = False) -> None:
+    """Called at exit by every process: an active releases the idle spares (see ``release``)."""
     if _pool is not None:
         try:
-            _pool.release()
+            _pool.release(crashed)
         except Exception:  # noqa: BLE001  (exit path: never raise)
             pass
 

@@ -358,8 +358,10 @@ Status Communicator::Split(int color, int key, double timeout_s, std::unique_ptr
 }
 
 Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* source) {
-  Deadline deadline(timeout_s < 0 ? 1e12 : timeout_s);
-  for (int idle_polls = 0;; ++idle_polls) {
+  const bool forever = timeout_s < 0;  // idle spares wait for as long as the job runs
+  Deadline deadline(forever ? 0.0 : timeout_s);
+  int idle_polls = 0;
+  for (;;) {
     int flag = 0;
     MPI_Status status;
     int rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status);
@@ -378,12 +380,14 @@ Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* sour
       return Status::Ok();
     }
     liveness::Beat();
-    if (deadline.expired()) {
+    if (!forever && deadline.expired()) {
       return Status::Error(StatusCode::kTimeout, "spare wait: no signal within " +
                                                      std::to_string(timeout_s) + " s");
     }
-    // Idle spares may outnumber cores many times over: after a short spin, sleep up to 2 ms.
-    if (idle_polls > 64) usleep(std::min(2000, 10 * (idle_polls - 64)));
+    // Idle spares may outnumber cores many times over: after a short spin, sleep, growing to 2 ms
+    // (the count stops growing there, so it cannot overflow however long the spare waits).
+    if (idle_polls < 264) ++idle_polls;
+    if (idle_polls > 64) usleep(10 * (idle_polls - 64));
   }
 }
 

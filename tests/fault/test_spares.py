@@ -192,3 +192,11 @@ def test_twenty_kill_and_replace_cycles_leak_nothing():
         first, last = cycles[0], cycles[-1]
         assert last["rss"] <= 1.10 * first["rss"], (w, first["rss"], last["rss"])
         assert last["fds"] <= 1.10 * first["fds"], (w, first["fds"], last["fds"])
+
+
+def test_an_idle_spare_sleeps():
+    """An idle spare polls with sleeps (up to 2 ms): it must not spin a core while it waits."""
+    res = run_job(JOBS / "spares_idle.py", 2, launcher_args=("--spares", "1"), timeout=TIMEOUT)
+    assert res.returncode == 0, res.describe()
+    (rep,) = [r for r in res.reports if "cpu_fraction" in r]
+    assert rep["cpu_fraction"] < 0.1, rep
