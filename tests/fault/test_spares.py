@@ -45,6 +45,15 @@ def _commits(res) -> dict:
     return out
 
 
+def _same_commits(commits, reference) -> None:
+    """The committed steps are those of the failure-free run (none lost, none applied twice) and
+    each rank's state, RNG and data position after each of them are bitwise the same."""
+    assert sorted(commits) == sorted(reference["commits"])
+    for key, ref in reference["commits"].items():
+        got = commits[key]
+        assert (got["state"], got["rng"], got["sampler"]) == (ref["state"], ref["rng"], ref["sampler"]), key
+
+
 def _check_recovery(res, reference, victims_by_step):
     """Every recovery: survivors bitwise equal to their snapshot, newcomers equal to the
     survivors and to the replaced rank's committed RNG and data position; world back to 4;
@@ -68,10 +77,7 @@ def _check_recovery(res, reference, victims_by_step):
                 assert replaced["world_rank"] == victims_by_step[step]
                 assert (e["state"], e["params"], e["rng"], e["sampler"]) == (
                     replaced["state"], replaced["params"], replaced["rng"], replaced["sampler"])
-    assert sorted(commits) == sorted(reference["commits"])  # no step lost, none applied twice
-    for key, ref in reference["commits"].items():
-        got = commits[key]
-        assert (got["state"], got["rng"], got["sampler"]) == (ref["state"], ref["rng"], ref["sampler"]), key
+    _same_commits(commits, reference)
     done = res.by_rank(event="done")
     assert {d["size"] for d in done.values()} == {4} and sorted(d["rank"] for d in done.values()) == [0, 1, 2, 3]
     assert {d["final"] for d in done.values()} == {reference["final"]}
@@ -101,7 +107,7 @@ def test_failure_during_the_spares_join_is_survived(reference):
     done = res.by_rank(event="done")
     assert sorted(done) == [0, 2, 4, 5], res.describe()
     assert {d["size"] for d in done.values()} == {4} and {d["final"] for d in done.values()} == {reference["final"]}
-    assert sorted(_commits(res)) == sorted(reference["commits"])
+    _same_commits(_commits(res), reference)
 
 
 def test_spares_exhausted_falls_back_to_shrink_logged(reference):
