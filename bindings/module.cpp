@@ -286,6 +286,10 @@ PYBIND11_MODULE(_C, m) {
   // Hang detection and fencing (core/liveness.h).
   m.def("liveness_mark_exiting", &ftcomm::liveness::MarkExiting,
         "This rank is shutting down cleanly: peers must not fence it.");
+  m.def("liveness_finished", &ftcomm::liveness::Finished, py::arg("world_rank"),
+        "True when the rank is exiting, fenced, gone, or not tracked on this host");
+  m.def("fence_silent", &ftcomm::liveness::FenceSilent, py::arg("world_ranks"), py::arg("max_silence_s"),
+        "SIGKILLs the listed ranks on this host that are silent for longer than max_silence_s");
   m.def("fence_timeout", &ftcomm::liveness::FenceTimeout,
         "Seconds of silence after which a waiting peer fences a rank.");
 

@@ -330,6 +330,7 @@ class ShardedOptimizer:
                 raise
             except FtError:
                 comm = self.comm = comm.recover(timeout=self.timeout, policy=policy)
+                comm.promoted = True  # still a newcomer: it holds no state yet
         raise ProcFailedError(f"newcomer could not join after {max_attempts} attempts")
 
     def _adopt(self, comm, layout: ShardLayout, live: np.ndarray, flat: np.ndarray, step: int,

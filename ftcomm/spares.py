@@ -117,11 +117,14 @@ class SparePool:
         leaves once every active crashed or failed."""
         if self.is_spare or self.comm.is_revoked:
             return
-        for peer in self.idle_spares:
+        idle = self.idle_spares
+        for peer in idle:
             try:
                 self.comm._core.signal(peer, _WAKE_TAG, _CRASHED if crashed else _RELEASE, timeout)
             except FtError:
                 pass  # that spare is gone; others still get theirs
+        if not crashed:
+            _fence_stuck(self.comm.world_ranks[p] for p in idle)
 
     # -- the round, run by everyone in the pool ---------------------------------------------------
     def rebuild_pool(self, slot: int, size: int, ledger: int, old=None):
@@ -147,6 +150,21 @@ class SparePool:
         if active is not None and old is not None:
             active.old_to_new = event["old_to_new"]
         return active
+
+
+def _fence_stuck(world_ranks, wait_s: float = 3.0, silent_s: float = 1.0) -> None:
+    """After the release: a spare that is still running ``wait_s`` later and has been silent for
+    ``silent_s`` is stuck (stopped, or hung), and would keep the job from ending: SIGKILL it
+    (on this host; core/liveness.h). A live idle spare beats every few milliseconds."""
+    from . import _C
+
+    pending = list(world_ranks)
+    end = time.monotonic() + wait_s
+    while pending and time.monotonic() < end:
+        pending = [w for w in pending if not _C.liveness_finished(w)]
+        time.sleep(0.01)
+    if pending:
+        _C.fence_silent(pending, silent_s)
 
 
 def assemble(group, slot: int, size: int, ledger: int, timeout: float):

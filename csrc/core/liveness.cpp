@@ -161,12 +161,25 @@ void MarkExiting() {
 }
 
 std::vector<int> FenceStale(const std::vector<int>& world_ranks) {
+  return FenceSilent(world_ranks, FenceTimeout());
+}
+
+bool Finished(int world_rank) {
+  Slot* table = g_table;
+  if (table == nullptr || world_rank < 0 || world_rank >= g_world_size) return true;  // unknown
+  Slot& s = table[world_rank];
+  const int64_t pid = s.pid.load();
+  if (pid <= 0 || s.host.load() != HostHash()) return true;  // not registered, or elsewhere
+  return s.state.load() != kRunning || StartTime(pid) != s.start_time.load();
+}
+
+std::vector<int> FenceSilent(const std::vector<int>& world_ranks, double max_silence_s) {
   std::vector<int> killed;
   Slot* table = g_table;
   if (table == nullptr) return killed;
   const uint64_t host = HostHash();
   const int64_t now = NowNs();
-  const int64_t limit = static_cast<int64_t>(FenceTimeout() * 1e9);
+  const int64_t limit = static_cast<int64_t>(max_silence_s * 1e9);
   std::lock_guard<std::mutex> lock(g_mu);
   for (int w : world_ranks) {
     if (w < 0 || w >= g_world_size || w == g_world_rank || g_killed.count(w)) continue;
@@ -180,8 +193,8 @@ std::vector<int> FenceStale(const std::vector<int>& world_ranks) {
     s.state.store(kFenced);
     std::fprintf(stderr,
                  "ftcomm: fencing world rank %d (pid %lld): no sign of life for %.1f s "
-                 "(FTCOMM_FENCE_TIMEOUT %.1f s); SIGKILL so that ULFM reports it as failed\n",
-                 w, static_cast<long long>(pid), silent * 1e-9, FenceTimeout());
+                 "(limit %.1f s); SIGKILL so that ULFM reports it as failed\n",
+                 w, static_cast<long long>(pid), silent * 1e-9, max_silence_s);
     std::fflush(stderr);
     kill(static_cast<pid_t>(pid), SIGKILL);
     killed.push_back(w);

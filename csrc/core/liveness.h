@@ -37,6 +37,14 @@ double FenceTimeout();
 // FenceTimeout(). Returns the world ranks it killed (each is killed once per process).
 std::vector<int> FenceStale(const std::vector<int>& world_ranks);
 
+// As FenceStale, with the silence limit given in seconds (used at the end of a job, for idle
+// spares that did not take their release: a live spare beats every few milliseconds).
+std::vector<int> FenceSilent(const std::vector<int>& world_ranks, double max_silence_s);
+
+// True when `world_rank` marked itself exiting, was fenced, is gone, or is not in the table (or
+// runs on another host): nothing more to wait for on this host.
+bool Finished(int world_rank);
+
 // The longest silence (seconds) among the live, registered ranks of `world_ranks` on this host,
 // other than this one; 0 if none. A wait whose deadline passes while some peer has been silent
 // for a while keeps waiting until that peer is fenced or speaks: otherwise a rank that hung just

@@ -106,6 +106,7 @@ def test_failure_during_the_spares_join_is_survived(reference):
     assert res.returncode == RECOVERED, res.describe()
     done = res.by_rank(event="done")
     assert sorted(done) == [0, 2, 4, 5], res.describe()
+    assert [w for w, d in sorted(done.items()) if d["promoted"]] == [4, 5]
     assert {d["size"] for d in done.values()} == {4} and {d["final"] for d in done.values()} == {reference["final"]}
     _same_commits(_commits(res), reference)
 
@@ -206,3 +207,11 @@ def test_an_idle_spare_sleeps():
     assert res.returncode == 0, res.describe()
     (rep,) = [r for r in res.reports if "cpu_fraction" in r]
     assert rep["cpu_fraction"] < 0.1, rep
+
+
+def test_a_stuck_idle_spare_does_not_keep_the_job_from_ending():
+    """A spare stopped (SIGSTOP) while idle cannot take its release: the actives fence it at the
+    end, and the job ends by itself, well before the launcher's timeout."""
+    res = run_job(JOBS / "spares_idle.py", 2, "stop", launcher_args=("--spares", "1"), timeout=60)
+    assert res.returncode == 0, res.describe()
+    assert "fencing world rank 2" in res.stderr, res.describe()

@@ -1,7 +1,10 @@
 """Job for issue 8: the CPU an idle spare burns. Rank 0 reads the spare's pid from ftcomm-run's
 run directory and its CPU time (utime + stime in /proc/PID/stat) before and after 3 s of
-waiting, and reports the fraction of one core the spare used. Launch with --spares 1."""
+waiting, and reports the fraction of one core the spare used. With "stop", rank 0 then SIGSTOPs
+the spare: the job must still end by itself. Launch with --spares 1."""
 import os
+import signal
+import sys
 import time
 
 from mpi4py import MPI
@@ -27,4 +30,6 @@ if comm.rank == 0:
     time.sleep(3.0)
     c1, t1 = cpu_seconds(pid), time.monotonic()
     report(cpu_fraction=(c1 - c0) / (t1 - t0))
+    if sys.argv[1:] == ["stop"]:
+        os.kill(pid, signal.SIGSTOP)  # a stuck spare at the end of the job
 comm.barrier(timeout=60)
