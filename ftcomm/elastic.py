@@ -251,7 +251,7 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             on_recover(state, summary.events[-1])
     else:
         opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
-    waiting_first_commit = None
+    waiting_first_commit = summary.events[-1] if summary.events else None
     bar = tqdm(total=total, initial=opt.step_id, disable=not progress or opt.comm.rank != 0,
                desc="train", unit="step", dynamic_ncols=True)
     while opt.step_id < total:
