@@ -123,6 +123,18 @@ def test_spares_exhausted_falls_back_to_shrink_logged(reference):
     assert sorted(done) == [0, 3, 4] and {d["size"] for d in done.values()} == {3}
 
 
+def test_state_lost_with_a_newcomer_is_uniform():
+    """Rank 1 and its only buddy (rank 2) die together: the spare takes rank 1's place, and the
+    rebuild finds shard 1 lost. Every remaining rank, the newcomer included, gets StateLostError
+    (no disk fallback with newcomers), and the job ends by itself."""
+    res = _train("rank=1,point=train_step,step=4;rank=2,point=train_step,step=4", 1)
+    assert res.returncode == RECOVERED, res.describe()  # every remaining rank ended normally
+    lost = res.by_rank(event="state_lost")
+    assert sorted(lost) == [0, 3, 4], res.describe()
+    assert all(r["lost_shards"] == [1] and r["step"] == 3 for r in lost.values())
+    assert lost[4]["newcomer"] and not lost[0]["newcomer"]
+
+
 @pytest.mark.parametrize("point", ["before", "reduce_scatter,ring_step=1,chunk=0", "commit"])
 def test_allreduce_keeps_ranks_and_size(point):
     """Communicator level: a committed allreduce sums (r + 1) * step over ranks r; after the kill

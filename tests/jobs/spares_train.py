@@ -5,7 +5,7 @@ after it joined) the same digests of the rebuilt state, and the survivors say wh
 bitwise equal to their snapshot of the last committed step. With --resources, also the RSS and
 open file descriptors after each recovery (the leak check). Victims come from FTCOMM_FAULT.
 
-Reports: "commit", "recovered" / "joined", "done". Usage:
+Reports: "commit", "recovered" / "joined", "done", "state_lost". Usage:
 spares_train.py --policy P [--steps S] [--replicas K] [--resources]
 """
 import argparse
@@ -33,7 +33,11 @@ X, Y = torch.randn(192, 16, generator=gen), torch.randint(0, 10, (192,), generat
 # 1,390 parameters: not a multiple of 4 or 3, so shards are padded.
 model = torch.nn.Sequential(torch.nn.Linear(16, 50), torch.nn.Tanh(), torch.nn.Dropout(0.2),
                             torch.nn.Linear(50, 10))
-opt = ftcomm.ShardedOptimizer(model.parameters(), comm, optimizer="adamw", lr=0.01, replicas=args.replicas)
+try:  # on a newcomer the constructor joins the survivors' rebuild, which may find the state lost
+    opt = ftcomm.ShardedOptimizer(model.parameters(), comm, optimizer="adamw", lr=0.01, replicas=args.replicas)
+except ftcomm.StateLostError as lost:
+    report(event="state_lost", lost_shards=lost.lost_shards, step=lost.step, newcomer=True)
+    raise SystemExit(0)
 state = elastic.State(model, opt, ftcomm.ElasticSampler(192, 24, seed=5))
 snap = {}
 
@@ -80,7 +84,11 @@ def on_recover(state, event):
            equal=equal, **now, **extra)
 
 
-summary = elastic.run(train_step, state, steps=args.steps, progress=False, on_commit=on_commit,
-                      on_recover=on_recover, policy=args.policy, max_recoveries=64)
+try:
+    summary = elastic.run(train_step, state, steps=args.steps, progress=False, on_commit=on_commit,
+                          on_recover=on_recover, policy=args.policy, max_recoveries=64)
+except ftcomm.StateLostError as lost:
+    report(event="state_lost", lost_shards=lost.lost_shards, step=lost.step, newcomer=False)
+    raise SystemExit(0)
 report(event="done", steps=summary.steps, failures=summary.failures, size=summary.world_size,
        rank=opt.comm.rank, promoted=opt.comm.promoted, final=digests()["state"])
