@@ -82,7 +82,6 @@ class SparePool:
                     continue  # a failure was noticed: wait for the survivors' revoke
                 active = self.rebuild_pool(slot=-1, size=0, ledger=-1)
                 if active is not None:
-                    active.promoted, active.recovery = True, dict(active.recovery, policy="spares")
                     return active
                 continue
             if value == _RELEASE:
@@ -91,14 +90,17 @@ class SparePool:
                 sys.exit(0)
             if value == _CRASHED:
                 self.crashed.add(self.comm.world_ranks[source])
-                failed = {self.comm.world_ranks[r] for r in self.comm.failed_ranks()}
-                if self.active_world <= self.crashed | failed:
+                if self.active_world <= self.crashed | self._failed_world():
                     log.warning("spare (world rank %d): every active rank crashed or failed; leaving",
                                 self.comm.world_rank)
                     sys.exit(0)
 
+    def _failed_world(self) -> set[int]:
+        """World ranks of the pool's members that this spare knows failed (acknowledged)."""
+        return {self.comm.world_ranks[r] for r in self.comm.failed_ranks()}
+
     def _check_actives_alive(self, error) -> None:
-        failed = {self.comm.world_ranks[r] for r in self.comm.failed_ranks()}
+        failed = self._failed_world()
         if self.active_world and self.active_world <= failed:
             raise ProcFailedError(f"spare: every active rank failed ({sorted(failed)}); nothing to join") from error
 
@@ -107,8 +109,7 @@ class SparePool:
         """Survivor side of ``Communicator.recover(policy="spares")`` (``old`` is the
         communicator that failed). Returns the new active Communicator."""
         self.comm.revoke()  # wakes the idle spares
-        return self.rebuild_pool(slot=old.rank, size=old.size, ledger=old.last_committed_step,
-                                 old=old)
+        return self.rebuild_pool(slot=old.rank, size=old.size, ledger=old.last_committed_step)
 
     def release(self, crashed: bool = False, timeout: float = 5.0) -> None:
         """Tells every idle spare that the job is done (each active calls it at exit; a spare
@@ -127,14 +128,14 @@ class SparePool:
             _fence_stuck(self.comm.world_ranks[p] for p in idle)
 
     # -- the round, run by everyone in the pool ---------------------------------------------------
-    def rebuild_pool(self, slot: int, size: int, ledger: int, old=None):
+    def rebuild_pool(self, slot: int, size: int, ledger: int):
         """Steps 2-6 of the module docstring, repeated until one round completes everywhere.
         Returns the new active Communicator, or None on a spare that stays idle."""
         t0 = time.perf_counter()
         while True:
             pool = self.comm.recover(timeout=self.timeout, policy="shrink")  # the pool is revoked
             try:
-                active, event = assemble(pool, slot, size, ledger, self.timeout)
+                active, event = assemble(pool, slot, size, ledger, self.timeout, "spares")
                 ok = 1
             except FtError:
                 active, event, ok = None, None, 0
@@ -147,8 +148,6 @@ class SparePool:
         event["seconds"] = time.perf_counter() - t0
         self.active_world = set(event["active_world"])
         self.events.append(event)
-        if active is not None and old is not None:
-            active.old_to_new = event["old_to_new"]
         return active
 
 
@@ -167,10 +166,11 @@ def _fence_stuck(world_ranks, wait_s: float = 3.0, silent_s: float = 1.0) -> Non
         _C.fence_silent(pending, silent_s)
 
 
-def assemble(group, slot: int, size: int, ledger: int, timeout: float):
+def assemble(group, slot: int, size: int, ledger: int, timeout: float, policy: str):
     """Steps 3-5 over ``group`` (the shrunk pool, or the merge of survivors and respawned
-    processes): returns (the new active Communicator or None, the event dict). Every member
-    computes the same event from the same allgather.
+    processes): returns (the new active Communicator or None, the event dict, which is also the
+    Communicator's ``recovery``, with ``policy``). Every member computes the same event from the
+    same allgather.
 
     Raises:
         ProcFailedError etc.: a member failed (a local outcome: the caller agrees and retries).
@@ -181,7 +181,7 @@ def assemble(group, slot: int, size: int, ledger: int, timeout: float):
     table = np.empty(group.size * _INFO, np.int64)
     group.allgather(mine, table, timeout=timeout)
     table = table.reshape(group.size, _INFO)
-    event = plan(table, list(group.world_ranks))
+    event = dict(plan(table, list(group.world_ranks)), policy=policy)
     color = -1 if group.rank not in event["new_rank_of_member"] else 0
     key = event["new_rank_of_member"].get(group.rank, 0)
     core = group._core.split(color, key, timeout)
@@ -189,8 +189,7 @@ def assemble(group, slot: int, size: int, ledger: int, timeout: float):
         return None, event
     core.last_committed_step = event["ledger"]
     active = Communicator(_core=core)
-    active.promoted = slot < 0
-    active.recovery = event
+    active.promoted, active.recovery, active.old_to_new = slot < 0, event, event["old_to_new"]
     return active, event
 
 
@@ -281,10 +280,7 @@ def recover_with_spares(old, timeout: float):
     p = _pool
     if p is None or not p.idle_spares:
         reason = "no spare pool (start the job with ftcomm-run --spares S)" if p is None else "spares exhausted"
-        log.warning("recover(policy='spares'): %s; shrinking instead", reason)
-        new = old._shrink_to_survivors(timeout)
-        new.recovery = {"policy": "shrink", "fallback": reason, "new_size": new.size}
-        return new
+        return _shrink_instead("spares", old._shrink_to_survivors(timeout), reason)
     if not old.is_revoked:
         old.revoke()  # peers still blocked on the failed communicator leave it
     new = p.refill(old)
@@ -297,31 +293,32 @@ def recover_with_respawn(old, shrunk, timeout: float):
     missing = old.size - shrunk.size
     supported, why_not = respawn_supported()
     if not supported:
-        log.warning("recover(policy='respawn'): %s; shrinking instead", why_not)
-        shrunk.recovery = {"policy": "shrink", "fallback": why_not, "new_size": shrunk.size}
-        return shrunk
+        return _shrink_instead("respawn", shrunk, why_not)
     t0 = time.perf_counter()
     try:
         merged = _spawn_and_merge(shrunk, missing, timeout)
-        active, event = assemble(merged, old.rank, old.size, old.last_committed_step, timeout)
+        active, event = assemble(merged, old.rank, old.size, old.last_committed_step, timeout, "respawn")
         if not merged.agree(1, timeout=timeout):
             raise ProcFailedError("respawn: a process failed while joining")
     except FtError as error:
-        reason = f"respawn failed: {error}"
-        log.warning("recover(policy='respawn'): %s; shrinking instead", reason)
-        shrunk.recovery = {"policy": "shrink", "fallback": reason, "new_size": shrunk.size}
-        return shrunk
+        return _shrink_instead("respawn", shrunk, f"respawn failed: {error}")
     event["seconds"] = time.perf_counter() - t0
-    active.old_to_new = event["old_to_new"]
     _finish_recovery(old, active, "respawn")
     return active
+
+
+def _shrink_instead(policy: str, shrunk, reason: str):
+    """The fallback of a policy that cannot bring newcomers: the survivors' communicator, with
+    the reason logged and kept in ``recovery["fallback"]``."""
+    log.warning("recover(policy=%r): %s; shrinking instead", policy, reason)
+    shrunk.recovery = {"policy": "shrink", "fallback": reason, "new_size": shrunk.size}
+    return shrunk
 
 
 def _finish_recovery(old, new, policy: str) -> None:
     from . import _runtime
 
-    event = dict(new.recovery or {}, policy=policy)
-    new.recovery = event
+    event = new.recovery
     lost = sorted(set(old.world_ranks) - set(new.world_ranks))
     _runtime.record_lost(lost)
     if event.get("unfilled"):
@@ -391,8 +388,7 @@ def join_respawn(timeout: float):
     from .communicator import Communicator
 
     merged = Communicator(MPI.Comm.Get_parent().Merge(high=True), timeout=timeout)
-    active, event = assemble(merged, -1, 0, -1, timeout)
+    active, _ = assemble(merged, -1, 0, -1, timeout, "respawn")
     if not merged.agree(1, timeout=timeout):
         raise ProcFailedError("respawn: a process failed while joining")
-    active.promoted, active.recovery = True, dict(event, policy="respawn")
     return active
