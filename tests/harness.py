@@ -28,6 +28,19 @@ def report(**values) -> None:
     print(_TAG + json.dumps(values), flush=True)
 
 
+def cross_entropy_backward(model, opt, x, y, batch) -> float:
+    """Called inside a training job: the body of its ``train_step`` for ftcomm.elastic.run, the
+    cross-entropy of this rank's samples summed and divided by the global batch size (the
+    driver's convention), gradients zeroed then computed. Returns the loss (a float)."""
+    import torch
+
+    idx = torch.from_numpy(batch.indices)
+    loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx], reduction="sum") / batch.global_size
+    opt.zero_grad()
+    loss.backward()
+    return loss.item()
+
+
 @dataclass
 class JobResult:
     returncode: int

@@ -13,7 +13,7 @@ import torch
 
 import ftcomm
 from ftcomm import elastic, fault
-from harness import report
+from harness import cross_entropy_backward, report
 
 p = argparse.ArgumentParser()
 p.add_argument("--replicas", type=int, default=1)
@@ -37,11 +37,7 @@ phase_start = {}
 def train_step(state, batch):
     fault.point("train_step", state.comm.world_rank, batch.step)
     phase_start.setdefault(batch.step, time.time())
-    idx = torch.from_numpy(batch.indices)
-    loss = torch.nn.functional.cross_entropy(model(X[idx]), Y[idx], reduction="sum") / batch.global_size
-    opt.zero_grad()
-    loss.backward()
-    return loss.item()
+    return cross_entropy_backward(model, opt, X, Y, batch)
 
 
 def on_commit(state, step, stats):

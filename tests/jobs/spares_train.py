@@ -17,7 +17,7 @@ import torch
 
 import ftcomm
 from ftcomm import elastic, fault
-from harness import report
+from harness import cross_entropy_backward, report
 
 p = argparse.ArgumentParser()
 p.add_argument("--policy", default="spares")
@@ -63,11 +63,7 @@ def resources() -> dict:
 
 def train_step(state, batch):
     fault.point("train_step", state.comm.world_rank, batch.step)
-    idx = torch.from_numpy(batch.indices)
-    loss = torch.nn.functional.cross_entropy(model(X[idx]), Y[idx], reduction="sum") / batch.global_size
-    opt.zero_grad()
-    loss.backward()
-    return loss.item()
+    return cross_entropy_backward(model, opt, X, Y, batch)
 
 
 def on_commit(state, step, stats):
