@@ -290,6 +290,9 @@ PYBIND11_MODULE(_C, m) {
         "True when the rank is exiting, fenced, gone, or not tracked on this host");
   m.def("fence_silent", &ftcomm::liveness::FenceSilent, py::arg("world_ranks"), py::arg("max_silence_s"),
         "SIGKILLs the listed ranks on this host that are silent for longer than max_silence_s");
+  m.def("liveness_beat", &ftcomm::liveness::Beat,
+        "Refreshes this rank's heartbeat (a rank busy outside ftcomm's waits, such as a promoted "
+        "spare running its set-up, beats this way so that waiting peers do not fence it).");
   m.def("fence_timeout", &ftcomm::liveness::FenceTimeout,
         "Seconds of silence after which a waiting peer fences a rank.");
 

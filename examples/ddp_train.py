@@ -1,12 +1,17 @@
 """A stock DistributedDataParallel training script (MLP + AdamW on scikit-learn's bundled digits
 data set, DataLoader with DistributedSampler) that survives rank failures on ftcomm.
 
-Against the same script on gloo it differs in three lines, marked `# ftcomm`: the import that
-registers the backend, the backend name, and the loop line. Everything under "demo only" exists
-to kill a rank on purpose.
+Against the same script on gloo it differs in the lines marked `# ftcomm`: the import that
+registers the backend, the backend name, the loader wrapped with the model and optimizer, and the
+epoch loop. Everything under "demo only" exists to kill a rank on purpose.
 
     ftcomm-run -n 4 python examples/ddp_train.py
     ftcomm-run -n 4 python examples/ddp_train.py --kill 2@30     # world rank 2 dies in step 30
+    ftcomm-run -n 4 --spares 1 python examples/ddp_train.py --kill 2@30   # a spare takes its place
+
+Without spares the survivors go on at world size 3; with one, the spare (world rank 4) starts
+this script inside `import ftcomm.torch`, gets the model, optimizer and data position from the
+survivors, and the job ends at world size 4.
 
 Prints one line per epoch and, on rank 0, `test accuracy: A` at the end; --result-json writes
 the final numbers (rank 0).
@@ -62,13 +67,13 @@ def main():
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
 
-    step = 0
+    loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer)  # ftcomm
     start = time.perf_counter()
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
+    for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
         ddp_model.train()
         total, count = 0.0, 0
-        for xb, yb in ftcomm.torch.resilient(loader):  # ftcomm (was: for xb, yb in loader:)
+        for xb, yb in loader:
+            step = loader.steps_applied + loader.steps_redone  # counted from the start, on a newcomer too
             if args.kill and args.kill[1] == step:  # demo only
                 arm_kill(args.kill[0])
             optimizer.zero_grad()
@@ -77,7 +82,6 @@ def main():
             optimizer.step()
             total += loss.item() * len(yb)
             count += len(yb)
-            step += 1
         if dist.get_rank() == 0:
             print(f"epoch {epoch:2d}  world size {dist.get_world_size()}  train loss {total / max(count, 1):.4f}  "
                   f"{time.perf_counter() - start:6.1f} s", flush=True)
@@ -89,7 +93,8 @@ def main():
         print(f"test accuracy: {accuracy:.4f}", flush=True)
         if args.result_json:
             with open(args.result_json, "w") as f:
-                json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(), "steps": step,
+                json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(),
+                           "steps": loader.steps_applied + loader.steps_redone, "joined": loader.joined,
                            "seconds": time.perf_counter() - start, "first_rank": rank,
                            "recoveries": [vars(e) for e in ftcomm.torch.recoveries()]}, f)
     dist.destroy_process_group()

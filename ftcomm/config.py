@@ -39,6 +39,12 @@ def finalize_timeout() -> float:
     return _float("FTCOMM_FINALIZE_TIMEOUT", 30.0)
 
 
+def join_timeout() -> float:
+    """FTCOMM_JOIN_TIMEOUT: seconds the survivors of a torch job wait for a promoted spare to
+    start (imports, data set, model) and reach the hand-over (default 600)."""
+    return _float("FTCOMM_JOIN_TIMEOUT", 600.0)
+
+
 def spares() -> int:
     """FTCOMM_SPARES: idle spare ranks at the end of MPI_COMM_WORLD (set by ``ftcomm-run
     --spares S``; default 0)."""

@@ -10,7 +10,10 @@ was started by an MPI launcher without torchrun, fills in the rendezvous variabl
     ...
     for x, y in ftcomm.torch.resilient(loader):       # was: for x, y in loader:
 
-and runs with ``ftcomm-run -n 4 python train.py``. See docs/TORCH.md.
+and runs with ``ftcomm-run -n 4 python train.py``. With spare ranks (``ftcomm-run --spares S``)
+a spare waits inside this import until a failure promotes it, and the loop is written
+``loader = resilient(loader, model=ddp, optimizer=opt)``; ``for epoch in loader.epochs(E): for
+batch in loader:`` so that the newcomer can join (``join.py``). See docs/TORCH.md.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from .. import config as _config
 from .executor import EXECUTOR
 from .process_group import BACKEND_NAME, SUPPORTED, ProcessGroupFtcomm
 from .recovery import RecoveryEvent, ResilientLoader, recoveries, resilient
-from .rendezvous import apply_env_defaults
+from .rendezvous import apply_env_defaults, enter_spare_pool, take_active_comm
 from .work import FtWork
 
 DEVICES = ["cpu"]  # the CUDA path adds "cuda" here and in staging.SUPPORTED_DEVICES
@@ -56,22 +59,21 @@ def create_process_group(backend_opts, backend_options=None) -> ProcessGroupFtco
     torch's global ranks are taken to be MPI_COMM_WORLD ranks unless the default group is an
     ftcomm one, whose own mapping is then used.
 
+    With spare ranks (``ftcomm-run --spares S``) the default group is the active communicator
+    ``import ftcomm.torch`` made (``rendezvous.enter_spare_pool``), and a failure inside a
+    resilient loop promotes a spare (``recovery_policy()``).
+
     Raises:
         RuntimeError: torch's world size is not MPI's (the job was not launched with one MPI
-            process per torch rank), or the job has spare ranks (FTCOMM_SPARES > 0).
+            process per torch rank), or a subgroup is asked for in a job with spare ranks.
     """
     from mpi4py import MPI
 
-    from .. import config
-
-    if config.spares() > 0:
-        raise RuntimeError(
-            "ftcomm backend: spare ranks (ftcomm-run --spares) are not supported by the torch backend "
-            "yet (a promoted spare would have to join DDP mid-run); it recovers by shrinking. Spares "
-            "work with ftcomm.elastic and ShardedOptimizer (docs/SPARES.md)")
     rank, size = int(backend_opts.group_rank), int(backend_opts.group_size)
     timeout = _timeout_seconds(backend_opts.timeout)
     members = [int(r) for r in backend_opts.global_ranks_in_group]
+    if _config.spares() > 0:
+        return _group_with_spares(rank, size, members, timeout)
     world = MPI.COMM_WORLD
     if not members:
         if size != world.Get_size():
@@ -95,6 +97,30 @@ def create_process_group(backend_opts, backend_options=None) -> ProcessGroupFtco
     return ProcessGroupFtcomm(comm, timeout=timeout)
 
 
+def recovery_policy() -> str:
+    """How the torch backend recovers from a failure inside a resilient loop: "spares" when the
+    job has spare ranks (``ftcomm-run --spares S``), unless FTCOMM_RECOVERY_POLICY=shrink; else
+    "shrink". ("respawn" is not offered here: respawned processes have no MPI_COMM_WORLD rank of
+    the job, which the torch rendezvous needs.)"""
+    if _config.spares() > 0 and os.environ.get("FTCOMM_RECOVERY_POLICY") != "shrink":
+        return "spares"
+    return "shrink"
+
+
+def _group_with_spares(rank: int, size: int, members: list, timeout: float) -> ProcessGroupFtcomm:
+    if members:
+        raise RuntimeError("ftcomm backend: subgroups (dist.new_group) are not supported in a job with "
+                           "spare ranks (ftcomm-run --spares): a promoted spare could not rebuild them")
+    comm = take_active_comm()
+    if comm is None:
+        raise RuntimeError("ftcomm backend: the job has spare ranks but no active communicator; "
+                           "import ftcomm.torch before init_process_group, and only once per process")
+    if comm.rank != rank or comm.size != size:
+        raise RuntimeError(f"ftcomm backend: rank {comm.rank}/{comm.size} among the active ranks does not "
+                           f"match torch's {rank}/{size} (RANK / WORLD_SIZE set by hand?)")
+    return ProcessGroupFtcomm(comm, timeout=timeout, policy=recovery_policy(), joining=comm.promoted)
+
+
 def _register() -> None:
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
@@ -104,6 +130,8 @@ def _register() -> None:
 _register()
 if os.environ.get("FTCOMM_TORCH_ENV", "1") != "0":
     apply_env_defaults()
+if _config.spares() > 0:
+    enter_spare_pool()  # a spare waits here until it is promoted
 
 __all__ = [
     "BACKEND_NAME",
@@ -117,5 +145,6 @@ __all__ = [
     "apply_env_defaults",
     "create_process_group",
     "recoveries",
+    "recovery_policy",
     "resilient",
 ]

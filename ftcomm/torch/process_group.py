@@ -35,8 +35,8 @@ from .. import config
 from ..errors import FtError, ProcFailedError, RevokedError
 from . import staging
 from .executor import EXECUTOR
-from .recovery import RecoveryEvent, note_recovery
-from .work import FtWork, make_future
+from .recovery import RecoveryEvent, join_ready, note_recovery
+from .work import FtWork, completed_work, make_future
 
 BACKEND_NAME = "ftcomm"
 
@@ -88,22 +88,37 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     broadcast and allgather move bytes, so any dtype. ``rank()`` / ``size()`` follow the
     communicator, so they change after a recovery.
 
+    With spare ranks (``ftcomm-run --spares S``; docs/TORCH.md "Spares") a failure inside a
+    resilient step promotes a spare into each failed rank's place: the survivors finish the voided
+    step on a communicator of their own (``_interim``) and hand their state to the newcomer at the
+    end of the step (``ftcomm/torch/join.py``); a newcomer's group completes the collectives of
+    DDP's constructor locally (``joining``) until that hand-over.
+
     Attributes:
-        comm: the current ``ftcomm.Communicator`` (replaced on recovery).
+        comm: the current ``ftcomm.Communicator`` (replaced on recovery; the survivors' own one
+            while a voided step finishes before a newcomer joins).
         generation: number of recoveries so far.
+        policy: how a failure inside a resilient step is recovered: "shrink" or "spares".
+        joining: True on a promoted spare until it has received the survivors' state.
+        awaiting_join: True on a survivor while newcomers wait for that state.
     """
 
-    def __init__(self, comm, timeout: float | None = None):
+    def __init__(self, comm, timeout: float | None = None, policy: str = "shrink", joining: bool = False):
         super().__init__(comm.rank, comm.size)
         self._comm = comm
+        self._interim = None  # the survivors' communicator for the rest of a voided step
         self._timeout = config.default_timeout() if timeout is None else float(timeout)
         self.generation = 0
+        self.policy = policy
+        self.joining = joining
+        self.awaiting_join = False
+        self._in_handshake = False
         self._lock = threading.Lock()
 
     # -- identity ---------------------------------------------------------------------------
     @property
     def comm(self):
-        return self._comm
+        return self._interim or self._comm
 
     @property
     def timeout(self) -> float:
@@ -111,19 +126,21 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._timeout
 
     def getRank(self) -> int:  # noqa: N802 (C++ virtual name)
-        return self._comm.rank
+        return self.comm.rank
 
     def getSize(self) -> int:  # noqa: N802
-        return self._comm.size
+        return self.comm.size
 
     def getBackendName(self) -> str:  # noqa: N802
         return BACKEND_NAME
 
     def __repr__(self) -> str:
-        return f"<ProcessGroupFtcomm rank {self._comm.rank} of {self._comm.size}, generation {self.generation}>"
+        return f"<ProcessGroupFtcomm rank {self.rank()} of {self.size()}, generation {self.generation}>"
 
     # -- machinery --------------------------------------------------------------------------
-    def _submit(self, name: str, result: list, fn, uniform: bool) -> FtWork:
+    def _submit(self, name: str, result: list, fn, uniform: bool, local=None) -> FtWork:
+        if self.joining:
+            return self._complete_locally(name, result, local)
         fut = make_future(staging.future_devices(result))
         work = FtWork(fut, name)
 
@@ -138,9 +155,23 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         EXECUTOR.submit(run)
         return work
 
+    def _complete_locally(self, name: str, result: list, local) -> FtWork:
+        """A newcomer before its hand-over: the survivors are not in this collective (DDP's
+        constructor issues an allgather and broadcasts that they ran long ago). broadcast and
+        barrier complete as no-ops, allgather returns this rank's input for every rank; the
+        state they would have synchronised arrives with the hand-over."""
+        if local is None:
+            raise RuntimeError(
+                f"ftcomm backend: {name} on a promoted spare before it joined the survivors: between "
+                "init_process_group and the first batch of ftcomm.torch.resilient(...).epochs(), a "
+                "newcomer can only run the collectives of DDP's constructor (broadcast, allgather, "
+                "barrier). See docs/TORCH.md, Spares.")
+        local()
+        return completed_work(result, name)
+
     def _run(self, name: str, fn, uniform: bool) -> None:
         while True:
-            comm = self._comm
+            comm = self.comm
             try:
                 self._attempt(comm, name, fn, uniform)
                 return
@@ -167,16 +198,73 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise err
 
     def _recover(self, comm, name: str, exc: FtError) -> bool:
+        """Rebuilds the communicator after ``comm`` failed. Returns True when the failed
+        collective is to be redone (inside a resilient step), False when it raises."""
         t0 = time.perf_counter()
-        new = comm.recover(timeout=self._timeout, policy="shrink")  # spares: see create_process_group
-        with self._lock:
-            self._comm = new
-            self.generation += 1
+        if comm is self._interim:  # a second failure while a voided step finishes: survivors only
+            new = comm.recover(timeout=self._timeout, policy="shrink")
+            with self._lock:
+                self._interim = new
+                self.generation += 1
+        else:
+            new, interim = self._recover_group(comm)
+            with self._lock:
+                self._comm, self._interim = new, interim
+                self.generation += 1
         _sync_torch_rank_table(self)
-        lost = [w for w, n in zip(comm.world_ranks, new.old_to_new) if n < 0]
-        event = RecoveryEvent(lost_world_ranks=lost, old_size=comm.size, new_size=new.size,
-                              collective=name, step=exc.step, recover_s=time.perf_counter() - t0)
+        recovery = new.recovery or {}
+        event = RecoveryEvent(lost_world_ranks=sorted(set(comm.world_ranks) - set(new.world_ranks)),
+                              old_size=comm.size, new_size=new.size, collective=name, step=exc.step,
+                              recover_s=time.perf_counter() - t0, policy=recovery.get("policy", "shrink"),
+                              promoted=list(recovery.get("promoted", [])))
+        if self._in_handshake:  # join.py starts its hand-over again; no step is voided
+            note_recovery(event, redo=False)
+            return False
         return note_recovery(event)
+
+    def _recover_group(self, comm):
+        """(the group's new communicator, the survivors' communicator for the rest of the voided
+        step or None). Spares are used only where a newcomer can be handed the state: inside a
+        resilient loop set up for it (model, optimizer, epochs) or in the hand-over itself."""
+        from .. import spares
+
+        pool = spares.pool()
+        use_spares = (self.policy == "spares" and pool is not None and pool.idle_spares
+                      and (self._in_handshake or join_ready()))
+        if not use_spares:
+            return comm.recover(timeout=self._timeout, policy="shrink"), None
+        if self._in_handshake:
+            new = comm.recover(timeout=self._timeout, policy="spares")
+            self.awaiting_join = self.awaiting_join or bool(new.recovery.get("promoted"))
+            return new, None
+        # The voided step's remaining collectives (DDP's other buckets, the user's own) must not
+        # wait for a newcomer that is still starting: the survivors run them among themselves.
+        survivors = comm._shrink_to_survivors(self._timeout)
+        new = comm.recover(timeout=self._timeout, policy="spares")
+        if not new.recovery.get("promoted"):
+            return new, None  # no spare came after all (logged): a plain shrink
+        self.awaiting_join = True
+        return new, survivors
+
+    def begin_handshake(self):
+        """join.py: the survivors leave their own communicator and every member of the group
+        communicates for real again. Returns the group's communicator."""
+        with self._lock:
+            self._interim = None
+            self._in_handshake = True
+            self.joining = False
+        return self._comm
+
+    def end_handshake(self) -> None:
+        with self._lock:
+            self._in_handshake = False
+            self.awaiting_join = False
+
+    def recover_in_handshake(self, comm, exc: FtError) -> None:
+        """join.py: a failure during the hand-over; rebuild (spares first) unless a collective of
+        this group already did."""
+        if self._comm is comm:
+            self._recover(comm, "join", exc)
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None) -> FtWork:
@@ -212,7 +300,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         tensors = list(tensors)
         staging.check_devices(tensors, "broadcast")
         root = 0 if opts is None else int(opts.rootRank)
-        comm0 = self._comm
+        comm0 = self.comm
         if not 0 <= root < comm0.size:
             raise ValueError(f"broadcast: root {root} is outside 0..{comm0.size - 1}")
         root_world = comm0.world_ranks[root]
@@ -228,7 +316,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 if buf is not t:
                     t.copy_(buf)
 
-        return self._submit("broadcast", tensors, fn, uniform=False)
+        return self._submit("broadcast", tensors, fn, uniform=False, local=_nothing)
 
     def allgather(self, output_tensors, input_tensors, opts=None) -> FtWork:
         """``output_tensors[i][j]`` receives rank j's ``input_tensors[i]`` (any dtype; each output
@@ -238,8 +326,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         staging.check_devices(ins + [t for o in outs for t in o], "allgather")
         if len(outs) != len(ins):
             raise ValueError("allgather: need one output list per input tensor")
-        if any(len(o) != self._comm.size for o in outs):
-            raise ValueError(f"allgather: each output list must hold {self._comm.size} tensors")
+        if any(len(o) != self.comm.size for o in outs):
+            raise ValueError(f"allgather: each output list must hold {self.comm.size} tensors")
 
         def fn(comm):
             n = comm.size
@@ -254,15 +342,20 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 for j, o in enumerate(out):
                     o.copy_(flat[j].view_as(o))
 
-        return self._submit("allgather", outs, fn, uniform=False)
+        def local():
+            for inp, out in zip(ins, outs):
+                for o in out:
+                    o.copy_(inp.view_as(o))
+
+        return self._submit("allgather", outs, fn, uniform=False, local=local)
 
     def all_gather_single(self, output, input, opts=None) -> FtWork:  # noqa: A002
         """``output`` (size x input's elements, contiguous) receives every rank's ``input`` in
         rank order (``dist.all_gather_into_tensor``). No staging copy when ``output`` is
         contiguous."""
         staging.check_devices([output, input], "all_gather_into_tensor")
-        if output.numel() != self._comm.size * input.numel():
-            raise ValueError(f"all_gather_into_tensor: output must hold {self._comm.size} x "
+        if output.numel() != self.comm.size * input.numel():
+            raise ValueError(f"all_gather_into_tensor: output must hold {self.comm.size} x "
                              f"{input.numel()} elements, it holds {output.numel()}")
 
         def fn(comm):
@@ -278,7 +371,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             if dst is not output:
                 output.copy_(dst)
 
-        return self._submit("all_gather_into_tensor", [output], fn, uniform=False)
+        def local():
+            output.view(-1, max(input.numel(), 1))[:, :input.numel()].copy_(input.reshape(1, -1))
+
+        return self._submit("all_gather_into_tensor", [output], fn, uniform=False, local=local)
 
     _allgather_base = all_gather_single
 
@@ -292,8 +388,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         staging.check_devices(outs + [t for x in ins for t in x], "reduce_scatter")
         if len(outs) != len(ins):
             raise ValueError("reduce_scatter: need one input list per output tensor")
-        if any(len(x) != self._comm.size for x in ins):
-            raise ValueError(f"reduce_scatter: each input list must hold {self._comm.size} tensors")
+        if any(len(x) != self.comm.size for x in ins):
+            raise ValueError(f"reduce_scatter: each input list must hold {self.comm.size} tensors")
 
         def fn(comm):
             n, r = comm.size, comm.rank
@@ -314,8 +410,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         as ``reduce_scatter``."""
         op = _reduce_op(opts, "reduce_scatter_tensor")
         staging.check_devices([output, input], "reduce_scatter_tensor")
-        if input.numel() != self._comm.size * output.numel():
-            raise ValueError(f"reduce_scatter_tensor: input must hold {self._comm.size} x "
+        if input.numel() != self.comm.size * output.numel():
+            raise ValueError(f"reduce_scatter_tensor: input must hold {self.comm.size} x "
                              f"{output.numel()} elements, it holds {input.numel()}")
 
         def fn(comm):
@@ -337,7 +433,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         def fn(comm):
             comm.barrier(timeout=self._timeout)
 
-        return self._submit("barrier", [], fn, uniform=False)
+        return self._submit("barrier", [], fn, uniform=False, local=_nothing)
 
     # -- not implemented --------------------------------------------------------------------
     reduce = _unsupported("reduce")
@@ -355,6 +451,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = _unsupported("reduce_scatter_tensor_coalesced")
     reduce_scatter_single_coalesced = _unsupported("reduce_scatter_tensor_coalesced")
     monitored_barrier = _unsupported("monitored_barrier")
+
+
+def _nothing() -> None:
+    return None
 
 
 def _sync_torch_rank_table(pg) -> None:

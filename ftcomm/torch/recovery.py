@@ -50,6 +50,11 @@ class RecoveryEvent:
         recover_s: seconds from the failed collective's error to the rebuilt communicator.
         time: ``time.time()`` when recovered.
         in_resilient_step: True when a ``resilient`` loop was running (the step is redone).
+        policy: "shrink", or "spares" when spares took the failed ranks' places.
+        promoted: group ranks of the promoted spares (empty after a shrink).
+        handover_s: on a survivor, seconds from the start of the hand-over to the newcomers until
+            its end (waiting for their set-up included); None without newcomers. The time to
+            repair is ``recover_s`` + the voided step's rest + ``handover_s``.
     """
 
     lost_world_ranks: list
@@ -60,6 +65,9 @@ class RecoveryEvent:
     recover_s: float
     time: float = field(default_factory=time.time)
     in_resilient_step: bool = False
+    policy: str = "shrink"
+    promoted: list = field(default_factory=list)
+    handover_s: float | None = None
 
 
 class _StepState:
@@ -70,6 +78,7 @@ class _StepState:
         self.skipped = False       # an optimizer step was voided in the current step
         self.events: list[RecoveryEvent] = []
         self.hook = None
+        self.joinable = 0          # running resilient loops a promoted spare can join
 
 
 STATE = _StepState()
@@ -81,16 +90,30 @@ def recoveries() -> list[RecoveryEvent]:
         return list(STATE.events)
 
 
-def note_recovery(event: RecoveryEvent) -> bool:
+def note_recovery(event: RecoveryEvent, redo: bool = True) -> bool:
     """Called by a process group after it rebuilt its communicator. Returns True when a resilient
     step is running (the step is then poisoned and will be redone), False otherwise (the failed
-    collective then raises)."""
+    collective then raises). ``redo=False``: record only (a failure during a join hand-over)."""
     with STATE.lock:
-        event.in_resilient_step = STATE.guards > 0
+        event.in_resilient_step = redo and STATE.guards > 0
         STATE.events.append(event)
         if event.in_resilient_step:
             STATE.poisoned = True
         return event.in_resilient_step
+
+
+def note_handover(seconds: float) -> None:
+    """join.py, on a survivor: the hand-over after the latest recovery took ``seconds``."""
+    with STATE.lock:
+        if STATE.events:
+            STATE.events[-1].handover_s = seconds
+
+
+def join_ready() -> bool:
+    """True while a resilient loop runs that a promoted spare can join (given model, optimizer
+    and iterated through ``epochs()``): only then does a failure bring in a spare."""
+    with STATE.lock:
+        return STATE.joinable > 0
 
 
 def _void_poisoned_step(optimizer, args, kwargs):
@@ -123,22 +146,37 @@ class ResilientLoader:
             loader the interrupted batch is yielded again on each survivor and the dead rank's
             remaining samples of the epoch are not read.
         process_group: the ftcomm process group DDP uses; default the default group.
+        model: the DDP model (or the plain module), optimizer: its optimizer, extra_state:
+            further objects with ``state_dict()`` / ``load_state_dict()`` (an LR scheduler, a
+            GradScaler). Needed with spare ranks (``ftcomm-run --spares``): a promoted spare gets
+            their state from the survivors (``join.py``). Unused otherwise.
 
     Attributes:
-        steps_applied: steps whose optimizer update went through.
+        steps_applied: steps whose optimizer update went through (on a promoted spare, counted
+            from the start of the job).
         steps_redone: steps voided by a failure and redone.
         last_step_skipped: whether the previous iteration's update was voided.
+        epoch: the epoch ``epochs()`` is at (None outside it).
+        joined: True on a promoted spare once it has the survivors' state.
 
     Raises (when iterating):
         TypeError: the process group is not an ftcomm one.
+        ValueError: with spare ranks, the loop cannot take a newcomer (no ``model`` or
+            ``optimizer``, no ``DistributedSampler``, or not iterated through ``epochs()``);
+            raised on every rank before the first batch.
     """
 
-    def __init__(self, loader, process_group=None):
+    def __init__(self, loader, process_group=None, *, model=None, optimizer=None, extra_state=()):
         self.loader = loader
         self._pg = process_group
+        self.model, self.optimizer, self.extra_state = model, optimizer, list(extra_state)
         self.steps_applied = 0
         self.steps_redone = 0
         self.last_step_skipped = False
+        self.epoch = None
+        self.joined = False
+        self._in_epochs = False
+        self._resume = None  # a newcomer's starting point, from the hand-over
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -149,6 +187,44 @@ class ResilientLoader:
         voided by a failure (its samples will be read again by the survivors)."""
         EXECUTOR.drain()
         return STATE.skipped
+
+    def epochs(self, count: int):
+        """``for epoch in loader.epochs(E): for batch in loader: ...`` in place of
+        ``for epoch in range(E): sampler.set_epoch(epoch)``: yields the epoch numbers and sets the
+        sampler's epoch. On a promoted spare it first joins the survivors (model, optimizer and
+        RNG state, the epoch's unused samples) and starts at their epoch, in their step. Needed
+        with spare ranks, since only the loop knows where the survivors are.
+
+        Raises:
+            ValueError: ``count`` is negative.
+        """
+        if count < 0:
+            raise ValueError(f"epochs: count must be >= 0, not {count}")
+        pg = self._process_group()
+        first = 0
+        if pg.joining:
+            self._resume = self._hand_over(pg, None)
+            first = self._resume["epoch"]
+        self._in_epochs = True
+        try:
+            for epoch in range(first, count):
+                self.epoch = epoch
+                set_epoch = getattr(getattr(self.loader, "sampler", None), "set_epoch", None)
+                if set_epoch is not None:
+                    set_epoch(epoch)
+                yield epoch
+        finally:
+            self._in_epochs = False
+            self.epoch = None
+
+    def _hand_over(self, pg, loader_state):
+        from . import join
+
+        state = join.hand_over(pg, self.model, self.optimizer, self.extra_state, loader_state)
+        if loader_state is None:
+            self.steps_applied, self.steps_redone = state["steps_applied"], state["steps_redone"]
+            self.joined = True
+        return state
 
     def _process_group(self):
         from .process_group import ProcessGroupFtcomm
@@ -163,6 +239,26 @@ class ResilientLoader:
                 f"ftcomm.torch.resilient needs an ftcomm process group, not {type(pg).__name__}: "
                 'call dist.init_process_group("ftcomm") first (or pass process_group=)')
         return pg
+
+    def _check_joinable(self, pg, can_resplit: bool) -> bool:
+        """With spares, whether a newcomer could join this loop; else raise (every rank runs
+        the same script, so every rank raises)."""
+        if pg.policy != "spares":
+            return False
+        missing = [name for name, value in (("model", self.model), ("optimizer", self.optimizer))
+                   if value is None]
+        if not can_resplit:
+            missing.append("a DataLoader with a DistributedSampler and a batch_size")
+        if not self._in_epochs:
+            missing.append("the epoch loop `for epoch in loader.epochs(E):`")
+        if missing:
+            raise ValueError(
+                "ftcomm.torch.resilient with spare ranks (ftcomm-run --spares) needs "
+                + ", ".join(missing)
+                + ": a promoted spare takes the survivors' state and position from it. Write "
+                "loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer); "
+                "for epoch in loader.epochs(E): for batch in loader: ... (docs/TORCH.md, Spares)")
+        return True
 
     def _loader_over(self, indices):
         from torch.utils.data import DataLoader
@@ -184,17 +280,24 @@ class ResilientLoader:
         pg = self._process_group()
         sampler = getattr(self.loader, "sampler", None)
         can_resplit = isinstance(sampler, DistributedSampler) and self.loader.batch_size is not None
+        joinable = self._check_joinable(pg, can_resplit)
         batch_size = self.loader.batch_size
-        plan = None          # None: the sampler's own split of its current epoch
+        resume, self._resume = self._resume, None
+        if resume is None:
+            plan = None      # None: the sampler's own split of its current epoch
+            it = iter(self.loader)
+        else:  # a newcomer's first pass: the survivors' remaining samples of this epoch
+            plan = resplit.deal(resume["rest"], pg.size(), drop_last=sampler.drop_last)
+            it = iter(self._loader_over(plan[pg.rank()]))
         plan_size = pg.size()
         used = 0             # batches of the current plan whose step was applied
         generation = pg.generation
-        it = iter(self.loader)
         redo = None
         _install_hook()
         EXECUTOR.drain()
         with STATE.lock:
             STATE.guards += 1
+            STATE.joinable += joinable
             STATE.poisoned = STATE.skipped = False
         try:
             while True:
@@ -218,23 +321,28 @@ class ResilientLoader:
                     used += 1
                 if pg.generation == generation:
                     continue
-                generation = pg.generation  # the world changed during this step
-                if can_resplit:
+                if can_resplit:  # the world changed during this step
                     if plan is None:
                         plan = resplit.sampler_plan(sampler, plan_size)
                     rest = resplit.remaining(plan, used * batch_size)
+                    if pg.awaiting_join:
+                        self._hand_over(pg, {"epoch": self.epoch, "rest": rest, "steps_applied": self.steps_applied,
+                                             "steps_redone": self.steps_redone})
                     plan = resplit.deal(rest, pg.size(), drop_last=sampler.drop_last)
                     plan_size, used = pg.size(), 0
                     resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
                     it = iter(self._loader_over(plan[pg.rank()]))
                 elif skipped:
                     redo = batch
+                generation = pg.generation
         finally:
             with STATE.lock:
                 STATE.guards -= 1
+                STATE.joinable -= joinable
 
 
-def resilient(loader, process_group=None) -> ResilientLoader:
+def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_state=()) -> ResilientLoader:
     """``for batch in ftcomm.torch.resilient(loader):`` -- iterate a DataLoader so that a step
-    interrupted by a rank failure is redone over the survivors. See ``ResilientLoader``."""
-    return ResilientLoader(loader, process_group)
+    interrupted by a rank failure is redone over the survivors. With spare ranks, pass ``model``
+    and ``optimizer`` and loop over ``.epochs(E)``. See ``ResilientLoader``."""
+    return ResilientLoader(loader, process_group, model=model, optimizer=optimizer, extra_state=extra_state)

@@ -5,7 +5,8 @@ torch's default rendezvous (``env://``) reads RANK, WORLD_SIZE, MASTER_ADDR and 
 launchers set none of them. ``apply_env_defaults()`` (run by ``import ftcomm.torch``) fills in the
 missing ones from MPI:
 
-- RANK, WORLD_SIZE: the MPI_COMM_WORLD rank and size.
+- RANK, WORLD_SIZE: the MPI_COMM_WORLD rank and size (with spare ranks: the rank among the
+  active ranks and their number, see ``enter_spare_pool``).
 - LOCAL_RANK, LOCAL_WORLD_SIZE: the rank and size among the ranks on this node.
 - MASTER_ADDR: 127.0.0.1 when every rank is on one node, else world rank 0's host name.
 - MASTER_PORT: a TCP port that was free on world rank 0, broadcast to every rank.
@@ -20,6 +21,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+
+_active: list = []         # under spares: the active Communicator from ftcomm.world(), for the factory
+_private_store: list = []  # a promoted spare's own TCP store (kept alive with the process)
+_starting = threading.Event()  # set once a promoted spare reaches the hand-over
 
 _KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -70,3 +76,54 @@ def apply_env_defaults(comm=None) -> dict:
         setdefault("MASTER_ADDR", addr)
         setdefault("MASTER_PORT", port)
     return added
+
+
+def enter_spare_pool() -> None:
+    """With spare ranks (FTCOMM_SPARES > 0, set by ``ftcomm-run --spares S``): builds the pool
+    (``ftcomm.world()``, collective over every process). An active rank goes on at once with
+    RANK / WORLD_SIZE set to its active rank and the number of active ranks. A spare waits here,
+    inside ``import ftcomm.torch``, until a failure promotes it (or ends the process with status 0
+    when the job finishes without it); it then goes on with the failed rank's RANK and a TCP store
+    of its own for ``init_process_group`` (the job's store may have died with world rank 0, and
+    the survivors are past their rendezvous; the ftcomm group does not use the store), which it
+    reaches as a client even as rank 0 (TORCHELASTIC_USE_AGENT_STORE=True)."""
+    import torch.distributed as dist
+
+    import ftcomm
+
+    comm = ftcomm.world()
+    _active[:] = [comm]
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(comm.rank), str(comm.size)
+    if comm.promoted:
+        # Every rank, rank 0 included, connects to this store as a client (torch's "agent store"
+        # mode): as rank 0 it would otherwise host a store and wait for the other ranks.
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        _private_store[:] = [store]
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(store.port)
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        threading.Thread(target=_beat_while_starting, name="ftcomm-newcomer-beat", daemon=True).start()
+
+
+def _beat_while_starting() -> None:
+    """A newcomer runs the script's set-up outside any ftcomm wait, so nothing refreshes its
+    heartbeat, and survivors waiting in the hand-over would fence it after FTCOMM_TIMEOUT. It
+    beats from here until the hand-over starts, for at most FTCOMM_JOIN_TIMEOUT (the survivors'
+    deadline there), so a set-up that hangs still ends."""
+    import time
+
+    from .. import _C
+    from .. import config
+
+    end = time.monotonic() + config.join_timeout()
+    while not _starting.wait(0.25) and time.monotonic() < end:
+        _C.liveness_beat()
+
+
+def newcomer_started() -> None:
+    """join.py: the hand-over has begun; this rank's waits beat from now on."""
+    _starting.set()
+
+
+def take_active_comm():
+    """The active Communicator ``enter_spare_pool`` made (once; None without spares)."""
+    return _active.pop() if _active else None

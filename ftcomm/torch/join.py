@@ -1,0 +1,157 @@
+"""The hand-over that brings a promoted spare into a running DDP job (``ftcomm-run --spares S``).
+
+When a rank dies inside a resilient step and a spare takes its place (``ProcessGroupFtcomm``,
+policy "spares"), the newcomer starts the training script where the spare was waiting (inside
+``import ftcomm.torch``), builds its model, DDP wrapper and optimizer like any rank, and reaches
+``ResilientLoader.epochs()``; the survivors finish the voided step among themselves and reach the
+end of that step. Both then run ``hand_over``, one collective over the group's communicator:
+
+1. allgather of one flag per rank: 1 = holds the training state (a survivor), 0 = newcomer;
+2. the lowest rank holding state broadcasts (length, then bytes) one ``torch.save`` payload: the
+   module's ``state_dict``, the optimizer's, those of ``extra_state`` objects (an LR scheduler, a
+   GradScaler), torch's CPU RNG state, and the loader's position (epoch, the epoch's unused
+   samples, step counters); newcomers load it (``load_state_dict``, strict);
+3. every rank rebuilds DDP's gradient buckets in one collective way (``_sync_ddp_buckets``), since a
+   fresh DDP and one that trained for a while group gradients differently;
+4. an agreement on the outcome: a failure anywhere in 1-3 makes the group recover (spares first,
+   then shrink) and every rank start the hand-over again; a newcomer whose model does not match
+   the survivors' makes every rank raise.
+
+In DDP every rank holds the full parameters and optimizer state, so one copy is enough: nothing
+comes from replicas (contrast ``ftcomm.ShardedOptimizer``).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import time
+
+import numpy as np
+import torch
+
+from .. import fault
+from ..errors import FtError, InvalidInputError, ProcFailedError, RevokedError, StateLostError
+from .recovery import note_handover
+
+log = logging.getLogger("ftcomm.recovery")
+
+_OK, _LOADED = 1, 2  # agreement bits: this rank got through; its state is usable
+
+
+def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = None) -> dict:
+    """Collective over the group (survivors and newcomers). Survivors pass their ``loader_state``;
+    newcomers pass None and get the survivors' one. Returns the loader state every rank goes on
+    from.
+
+    Raises:
+        InvalidInputError: a newcomer's model, optimizer or extra state does not accept the
+            survivors' state dicts (different architecture or settings), on every rank.
+        StateLostError: no rank holding the training state is left.
+    """
+    from .. import config
+    from .rendezvous import newcomer_started
+
+    newcomer_started()
+    timeout = max(config.join_timeout(), pg.timeout)
+    t0 = time.perf_counter()
+    while True:
+        comm = pg.begin_handshake()
+        try:
+            state, loaded = _exchange(comm, model, optimizer, extra_state, loader_state, timeout)
+            _sync_ddp_buckets(model)
+            verdict = comm.agree(_OK | (_LOADED if loaded else 0), timeout=pg.timeout)
+        except (ProcFailedError, RevokedError) as exc:
+            pg.recover_in_handshake(comm, exc)
+            continue
+        except FtError:  # bad state, state lost, a newcomer that never came (timeout)
+            pg.end_handshake()
+            raise
+        except RuntimeError as exc:  # a failure surfacing through DDP's reducer (torch wraps it)
+            if pg.comm is comm:
+                pg.end_handshake()
+                raise
+            log.info("hand-over interrupted by a failure (%s); starting again", exc)
+            continue
+        if not verdict & _OK:
+            pg.recover_in_handshake(comm, ProcFailedError("hand-over: a rank failed"))
+            continue
+        pg.end_handshake()
+        if not verdict & _LOADED:
+            raise InvalidInputError(
+                "ftcomm.torch: a promoted spare could not load the survivors' model / optimizer state "
+                "(its script built a different model or optimizer); see the newcomer's log")
+        if loader_state is not None:
+            note_handover(time.perf_counter() - t0)
+        return state
+
+
+def _exchange(comm, model, optimizer, extra_state, loader_state, timeout: float):
+    """Steps 1-2. Returns (the loader state, whether this rank's state is usable)."""
+    holds = np.array([0 if loader_state is None else 1], np.int64)
+    flags = np.empty(comm.size, np.int64)
+    comm.allgather(holds, flags, timeout=timeout)  # waits for newcomers still starting
+    fault.point("join", comm.world_rank, comm.last_committed_step)  # tests: a failure mid-hand-over
+    if not flags.any():
+        raise StateLostError("ftcomm.torch: every rank that held the training state failed; a "
+                             "newcomer has nothing to start from")
+    if flags.all():
+        return loader_state, True  # the newcomers failed and were not replaced: nothing to send
+    root = int(np.argmax(flags))
+    payload = _pack(model, optimizer, extra_state, loader_state) if comm.rank == root else None
+    length = np.array([0 if payload is None else payload.size], np.int64)
+    comm.broadcast(length, root=root, timeout=timeout)
+    if payload is None:
+        payload = np.empty(int(length[0]), np.uint8)
+    comm.broadcast(payload, root=root, timeout=timeout)
+    if loader_state is not None:
+        return loader_state, True
+    try:
+        return _unpack(payload, model, optimizer, extra_state), True
+    except (RuntimeError, ValueError, KeyError) as exc:
+        log.error("promoted spare: cannot load the survivors' state: %s", exc)
+        return None, False
+
+
+def _module(model):
+    return getattr(model, "module", model)
+
+
+def _pack(model, optimizer, extra_state, loader_state) -> np.ndarray:
+    buf = io.BytesIO()
+    torch.save({"model": _module(model).state_dict(), "optimizer": optimizer.state_dict(),
+                "extra": [obj.state_dict() for obj in extra_state], "rng": torch.get_rng_state(),
+                "loader": loader_state}, buf)
+    return np.frombuffer(buf.getbuffer(), np.uint8).copy()
+
+
+def _unpack(payload: np.ndarray, model, optimizer, extra_state) -> dict:
+    # weights_only=False: the payload comes from this job's own survivors, not from a file.
+    blob = torch.load(io.BytesIO(payload.tobytes()), weights_only=False)
+    if len(blob["extra"]) != len(extra_state):
+        raise ValueError(f"{len(blob['extra'])} extra state objects on the survivors, {len(extra_state)} here")
+    with torch.no_grad():
+        _module(model).load_state_dict(blob["model"], strict=True)
+    optimizer.load_state_dict(blob["optimizer"])
+    for obj, sd in zip(extra_state, blob["extra"]):
+        obj.load_state_dict(sd)
+    torch.set_rng_state(blob["rng"])
+    return blob["loader"]
+
+
+def _sync_ddp_buckets(model) -> None:
+    """Step 3. DDP's reducer groups gradients into buckets; after its first iteration every rank
+    adopts rank 0's grouping (gradient-ready order, first bucket 1 MiB), while a fresh DDP starts
+    with one grouping of its own. A newcomer's first backward would then reduce buckets of other
+    shapes than the survivors'. So every rank resets its reducer and rebuilds the buckets now, the
+    same way (parameter order, rank 0's grouping broadcast through this group): two broadcasts.
+    The price: buckets in parameter order are ready last-first, so after a join DDP overlaps less
+    of the gradient reduction with backward (docs/TORCH.md, Limitations)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return
+    model._has_rebuilt_buckets = False
+    model.reducer._reset_state()
+    model.reducer._push_all_rebuilt_params()
+    if model.reducer._rebuild_buckets():
+        model._has_rebuilt_buckets = True

@@ -1,0 +1,173 @@
+"""Spare ranks with the torch backend (issue 8): ``ftcomm-run --spares S`` and a DDP loop written
+``resilient(loader, model=, optimizer=)`` + ``loader.epochs(E)``. A rank killed in a gradient
+allreduce is replaced by a spare: the world size stays 4, every survivor keeps its rank, the
+newcomer takes the dead rank's rank and samples and gets the survivors' state bitwise, and the
+run ends where a failure-free run ends (to float rounding: DDP's buckets are regrouped at the
+join, which changes the order of the ring's sums)."""
+import collections
+
+import numpy as np
+import pytest
+
+from harness import JOBS, run_job
+
+pytest.importorskip("torch")
+
+N, SAMPLES, BATCH, EPOCHS = 4, 384, 8, 2
+STEPS_PER_EPOCH = SAMPLES // (N * BATCH)  # 12: no padding, so a re-split over 4 deals the same samples
+JOB = JOBS / "torch_spares_train.py"
+
+
+def run(spares: int, fault: str | None = None, *args, ftcomm_timeout: float = 30):
+    env = {"FTCOMM_TIMEOUT": str(ftcomm_timeout)}
+    if fault:
+        env["FTCOMM_FAULT"] = fault
+    return run_job(JOB, N, "--epochs", EPOCHS, "--samples", SAMPLES, "--batch", BATCH, *args, env=env,
+                   timeout=150, launcher_args=("--spares", str(spares)))
+
+
+def applied_batches(job) -> dict:
+    """world rank -> [(epoch, sample ids)] of its applied steps, in order."""
+    out = collections.defaultdict(list)
+    for r in job.reports:
+        if r["kind"] == "batch" and not r["skipped"]:
+            out[r["world_rank"]].append((r["epoch"], tuple(r["idx"])))
+    return out
+
+
+def check_every_sample_once(job) -> None:
+    for epoch in range(EPOCHS):
+        used = collections.Counter(i for r in job.reports if r["kind"] == "batch" and r["epoch"] == epoch
+                                   and not r["skipped"] for i in r["idx"])
+        assert sorted(used) == list(range(SAMPLES)), f"epoch {epoch}: samples lost"
+        assert max(used.values()) == 1, f"epoch {epoch}: samples used twice"
+
+
+def check_same_state(finals: dict) -> None:
+    for key in ("params", "optimizer", "rng", "lr", "values"):
+        assert len({str(rep[key]) for rep in finals.values()}) == 1, f"ranks differ in {key}"
+
+
+@pytest.fixture(scope="module")
+def failure_free():
+    job = run(1)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == list(range(N)), job.describe()
+    check_same_state(finals)
+    return job
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(400)
+def test_spare_takes_the_dead_ranks_place_in_ddp(failure_free):
+    victim, spare = 2, N
+    job = run(1, f"rank={victim},point=reduce_scatter,step=6,kind=kill")
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3, spare], job.describe()
+    for world_rank, rep in finals.items():
+        assert rep["size"] == N and rep["sampler"] == [rep["rank"], N]
+        assert rep["rank"] == (victim if world_rank == spare else world_rank)  # survivors keep their ranks
+        assert rep["joined"] is (world_rank == spare)
+        assert rep["applied"] == EPOCHS * STEPS_PER_EPOCH and rep["redone"] == 1, rep
+        if world_rank != spare:
+            assert rep["recoveries"] == [[[victim], N, N, "spares", [victim]]]
+    check_same_state(finals)
+
+    # The hand-over: the newcomer's state when it starts equals, bitwise, what every survivor
+    # holds after the voided step (= the last applied step): parameters, AdamW moments, RNG, LR.
+    handed = job.by_rank(kind="handed")
+    joined = job.by_rank(kind="joined")
+    assert sorted(handed) == [0, 1, 3] and sorted(joined) == [spare], job.describe()
+    fields = ("params", "optimizer", "rng", "lr", "applied", "epoch")
+    for rep in handed.values():
+        assert {k: rep[k] for k in fields} == {k: joined[spare][k] for k in fields}
+    assert joined[spare]["applied"] == 6
+
+    # Same samples on the same ranks, step for step, as the failure-free run (the newcomer goes
+    # on with the dead rank's), every sample of each epoch once.
+    ref, got = applied_batches(failure_free), applied_batches(job)
+    for rank in (0, 1, 3):
+        assert got[rank] == ref[rank]
+    assert got[victim] + got[spare] == ref[victim]
+    check_every_sample_once(job)
+
+    ref_values = np.array(failure_free.by_rank(kind="final")[0]["values"])
+    values = np.array(finals[0]["values"])
+    assert np.abs(values - ref_values).max() <= 1e-6 * np.abs(ref_values).max()
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_rank0_then_its_replacement_die():
+    # World rank 0 hosts torch's TCP store and is DDP's broadcast root; its replacement (world
+    # rank 4, now rank 0) is killed in turn, and world rank 5 takes the place.
+    job = run(2, "rank=0,point=reduce_scatter,step=6,kind=kill;rank=4,point=reduce_scatter,step=15,kind=kill")
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [1, 2, 3, 5], job.describe()
+    assert finals[5]["rank"] == 0 and finals[5]["joined"] is True
+    for world_rank in (1, 2, 3):
+        assert finals[world_rank]["rank"] == world_rank
+        assert finals[world_rank]["recoveries"] == [[[0], N, N, "spares", [0]], [[4], N, N, "spares", [0]]]
+    for rep in finals.values():
+        assert rep["size"] == N and rep["applied"] == EPOCHS * STEPS_PER_EPOCH and rep["redone"] == 2
+    check_same_state(finals)
+    check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_spares_exhausted_then_shrink():
+    job = run(1, "rank=2,point=reduce_scatter,step=6,kind=kill;rank=4,point=reduce_scatter,step=15,kind=kill")
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    for world_rank, rep in finals.items():
+        assert rep["size"] == N - 1 and rep["sampler"] == [rep["rank"], N - 1]
+        assert rep["recoveries"] == [[[2], N, N, "spares", [2]], [[4], N, N - 1, "shrink", []]]
+        assert rep["redone"] == 2
+    check_same_state(finals)
+    check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_failure_during_the_hand_over():
+    # World rank 1 dies in the hand-over to the first newcomer: a second spare takes its place
+    # and the hand-over starts again with two newcomers.
+    job = run(2, "rank=2,point=reduce_scatter,step=6,kind=kill;rank=1,point=join,kind=kill")
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 3, 4, 5], job.describe()
+    assert {finals[w]["rank"] for w in (4, 5)} == {1, 2}
+    for rep in finals.values():
+        assert rep["size"] == N and rep["applied"] == EPOCHS * STEPS_PER_EPOCH
+    check_same_state(finals)
+    check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_newcomer_set_up_longer_than_the_timeout():
+    # The newcomer spends 12 s in its set-up, beyond FTCOMM_TIMEOUT = 5 s: the survivors wait for
+    # it in the hand-over (FTCOMM_JOIN_TIMEOUT) instead of fencing it as a hung rank.
+    job = run(1, "rank=1,point=reduce_scatter,step=3,kind=kill", "--newcomer-setup-s", 12, ftcomm_timeout=5)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 2, 3, N], job.describe()
+    assert finals[N]["rank"] == 1 and finals[N]["joined"] is True
+    assert "fencing" not in job.stderr
+    check_same_state(finals)
+    check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(200)
+def test_loop_a_spare_cannot_join_is_refused_on_every_rank():
+    job = run(1, None, "--mode", "per-epoch")
+    refused = job.by_rank(kind="refused")
+    assert sorted(refused) == list(range(N)), job.describe()
+    assert all("loader.epochs(E)" in rep["error"] for rep in refused.values())
+    assert job.returncode not in (0, 124), job.describe()  # failed, and ended by itself
