@@ -13,9 +13,9 @@ end of that step. Both then run ``hand_over``, one collective over the group's c
    samples, step counters); newcomers load it (``load_state_dict``, strict);
 3. every rank rebuilds DDP's gradient buckets in one collective way (``_sync_ddp_buckets``), since a
    fresh DDP and one that trained for a while group gradients differently;
-4. an agreement on the outcome: a failure anywhere in 1-3 makes the group recover (spares first,
-   then shrink) and every rank start the hand-over again; a newcomer whose model does not match
-   the survivors' makes every rank raise.
+4. an agreement on whether every newcomer could load the state: if one could not (its script
+   built another model), every rank raises. A failure anywhere in 1-4 makes the group recover
+   (spares first, then shrink) and every rank start the hand-over again.
 
 In DDP every rank holds the full parameters and optimizer state, so one copy is enough: nothing
 comes from replicas (contrast ``ftcomm.ShardedOptimizer``).
@@ -34,8 +34,6 @@ from ..errors import FtError, InvalidInputError, ProcFailedError, RevokedError, 
 from .recovery import note_handover
 
 log = logging.getLogger("ftcomm.recovery")
-
-_OK, _LOADED = 1, 2  # agreement bits: this rank got through; its state is usable
 
 
 def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = None) -> dict:
@@ -59,7 +57,7 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         try:
             state, loaded = _exchange(comm, model, optimizer, extra_state, loader_state, timeout)
             _sync_ddp_buckets(model)
-            verdict = comm.agree(_OK | (_LOADED if loaded else 0), timeout=pg.timeout)
+            every_rank_loaded = comm.agree(1 if loaded else 0, timeout=pg.timeout)
         except (ProcFailedError, RevokedError) as exc:
             pg.recover_in_handshake(comm, exc)
             continue
@@ -72,11 +70,8 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
                 raise
             log.info("hand-over interrupted by a failure (%s); starting again", exc)
             continue
-        if not verdict & _OK:
-            pg.recover_in_handshake(comm, ProcFailedError("hand-over: a rank failed"))
-            continue
         pg.end_handshake()
-        if not verdict & _LOADED:
+        if not every_rank_loaded:
             raise InvalidInputError(
                 "ftcomm.torch: a promoted spare could not load the survivors' model / optimizer state "
                 "(its script built a different model or optimizer); see the newcomer's log")

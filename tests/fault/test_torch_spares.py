@@ -150,6 +150,22 @@ def test_failure_during_the_hand_over():
 
 @pytest.mark.fault
 @pytest.mark.timeout(300)
+def test_newcomer_dies_in_the_hand_over_and_no_spare_is_left():
+    # The only spare is killed inside the hand-over: the survivors shrink to 3, start the
+    # hand-over again with nobody to hand to, and finish the epoch's samples among themselves.
+    job = run(1, f"rank=2,point=reduce_scatter,step=6,kind=kill;rank={N},point=join,kind=kill")
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    for rep in finals.values():
+        assert rep["size"] == N - 1 and rep["sampler"] == [rep["rank"], N - 1]
+        assert rep["recoveries"] == [[[2], N, N, "spares", [2]], [[N], N, N - 1, "shrink", []]]
+    check_same_state(finals)
+    check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
 def test_newcomer_set_up_longer_than_the_timeout():
     # The newcomer spends 12 s in its set-up, beyond FTCOMM_TIMEOUT = 5 s: the survivors wait for
     # it in the hand-over (FTCOMM_JOIN_TIMEOUT) instead of fencing it as a hung rank.
@@ -161,6 +177,18 @@ def test_newcomer_set_up_longer_than_the_timeout():
     assert "fencing" not in job.stderr
     check_same_state(finals)
     check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_newcomer_with_another_model_fails_on_every_rank():
+    job = run(1, "rank=2,point=reduce_scatter,step=6,kind=kill", "--newcomer-width", 65)
+    refused = job.by_rank(kind="refused")
+    assert sorted(refused) == [0, 1, 3, N], job.describe()
+    assert {rep["type"] for rep in refused.values()} == {"InvalidInputError"}
+    assert all("could not load the survivors'" in rep["error"] for rep in refused.values())
+    assert not job.by_rank(kind="final")
+    assert job.returncode not in (0, 124), job.describe()
 
 
 @pytest.mark.fault

@@ -29,6 +29,8 @@ parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--mode", choices=["epochs", "per-epoch"], default="epochs")
 parser.add_argument("--newcomer-setup-s", type=float, default=0.0,
                     help="a promoted spare sleeps this long before building its model (a slow set-up)")
+parser.add_argument("--newcomer-width", type=int, default=64,
+                    help="hidden width of a promoted spare's model (not 64: a script that disagrees)")
 args = parser.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -43,7 +45,8 @@ dataset = TensorDataset(X, Y, torch.arange(args.samples))
 sampler = DistributedSampler(dataset, shuffle=True, seed=3)
 data = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
 
-model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+width = args.newcomer_width if pg.joining else 64
+model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 4))
 ddp = DDP(model)
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.5)
@@ -99,8 +102,8 @@ try:
             train_step(x, y)
             report(kind="batch", epoch=epoch, size=dist.get_world_size(), skipped=loader.step_skipped,
                    idx=idx.tolist())
-except ValueError as exc:
-    report(kind="refused", error=str(exc))
+except ValueError as exc:  # ftcomm.InvalidInputError is one too
+    report(kind="refused", error=str(exc), type=type(exc).__name__)
     raise SystemExit(3)
 
 report(kind="final", rank=dist.get_rank(), size=dist.get_world_size(), applied=loader.steps_applied,
