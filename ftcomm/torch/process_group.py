@@ -259,6 +259,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         with self._lock:
             self._in_handshake = False
             self.awaiting_join = False
+        _sync_torch_rank_table(self)  # back to the full size after the survivors' own communicator
 
     def recover_in_handshake(self, comm, exc: FtError) -> None:
         """join.py: a failure during the hand-over; rebuild (spares first) unless a collective of

@@ -68,6 +68,7 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(failure_free):
     assert sorted(finals) == [0, 1, 3, spare], job.describe()
     for world_rank, rep in finals.items():
         assert rep["size"] == N and rep["sampler"] == [rep["rank"], N]
+        assert rep["group_ranks"] == list(range(N))  # torch's rank table is back to full size too
         assert rep["rank"] == (victim if world_rank == spare else world_rank)  # survivors keep their ranks
         assert rep["joined"] is (world_rank == spare)
         assert rep["applied"] == EPOCHS * STEPS_PER_EPOCH and rep["redone"] == 1, rep

@@ -106,7 +106,8 @@ except ValueError as exc:  # ftcomm.InvalidInputError is one too
     report(kind="refused", error=str(exc), type=type(exc).__name__)
     raise SystemExit(3)
 
-report(kind="final", rank=dist.get_rank(), size=dist.get_world_size(), applied=loader.steps_applied,
+report(kind="final", rank=dist.get_rank(), size=dist.get_world_size(), group_ranks=dist.get_process_group_ranks(pg),
+       applied=loader.steps_applied,
        redone=loader.steps_redone, joined=loader.joined, sampler=[sampler.rank, sampler.num_replicas],
        recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.policy, e.promoted)
                    for e in ftcomm.torch.recoveries()], values=torch.cat([p.detach().reshape(-1) for p in
