@@ -137,16 +137,18 @@ def _sync_ddp_buckets(model) -> None:
     """Step 3. DDP's reducer groups gradients into buckets; after its first iteration every rank
     adopts rank 0's grouping (gradient-ready order, first bucket 1 MiB), while a fresh DDP starts
     with one grouping of its own. A newcomer's first backward would then reduce buckets of other
-    shapes than the survivors'. So every rank resets its reducer and rebuilds the buckets now, the
-    same way (parameter order, rank 0's grouping broadcast through this group): two broadcasts.
-    The price: buckets in parameter order are ready last-first, so after a join DDP overlaps less
-    of the gradient reduction with backward (docs/TORCH.md, Limitations)."""
+    shapes than the survivors'. So every rank resets its reducer and regroups now, the same way
+    (parameter order, rank 0's grouping broadcast through this group: two broadcasts), and resets
+    once more, so that after the next backward every rank regroups in gradient-ready order, as a
+    fresh DDP does after its first iteration (two more broadcasts, in that forward): the order
+    that lets the reduction of the last layers' gradients overlap the rest of backward."""
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(model, DistributedDataParallel):
         return
+    reducer = model.reducer
+    reducer._reset_state()
+    reducer._push_all_rebuilt_params()
+    reducer._rebuild_buckets()
+    reducer._reset_state()
     model._has_rebuilt_buckets = False
-    model.reducer._reset_state()
-    model.reducer._push_all_rebuilt_params()
-    if model.reducer._rebuild_buckets():
-        model._has_rebuilt_buckets = True

@@ -94,6 +94,13 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(failure_free):
     assert got[victim] + got[spare] == ref[victim]
     check_every_sample_once(job)
 
+    # DDP's gradient buckets end grouped as in the failure-free run (gradient-ready order), on the
+    # newcomer too: the hand-over regroups in parameter order, then lets DDP regroup after the next
+    # backward. (torch caches a bucket's parameter list once buckets were rebuilt, so on survivors
+    # this is the grouping they had before the failure; the newcomer's list is built after its
+    # last regrouping, and would be parameter order without the second one.)
+    ref_buckets = failure_free.by_rank(kind="final")[0]["buckets"]
+    assert all(rep["buckets"] == ref_buckets for rep in finals.values()), {w: r["buckets"] for w, r in finals.items()}
     ref_values = np.array(failure_free.by_rank(kind="final")[0]["values"])
     values = np.array(finals[0]["values"])
     assert np.abs(values - ref_values).max() <= 1e-6 * np.abs(ref_values).max()

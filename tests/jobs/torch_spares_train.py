@@ -106,7 +106,10 @@ except ValueError as exc:  # ftcomm.InvalidInputError is one too
     report(kind="refused", error=str(exc), type=type(exc).__name__)
     raise SystemExit(3)
 
+position = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
+buckets = [[position[p.data_ptr()] for p in b.parameters()] for b in ddp.reducer._get_zeros_like_grad_buckets()]
 report(kind="final", rank=dist.get_rank(), size=dist.get_world_size(), group_ranks=dist.get_process_group_ranks(pg),
+       buckets=buckets,
        applied=loader.steps_applied,
        redone=loader.steps_redone, joined=loader.joined, sampler=[sampler.rank, sampler.num_replicas],
        recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.policy, e.promoted)
