@@ -29,8 +29,9 @@ import time
 import numpy as np
 import torch
 
-from .. import fault
-from ..errors import FtError, InvalidInputError, ProcFailedError, RevokedError, StateLostError
+from .. import _C, fault
+from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError, RevokedError,
+                      StateLostError)
 from .recovery import note_handover
 
 log = logging.getLogger("ftcomm.recovery")
@@ -50,7 +51,11 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
     from .rendezvous import newcomer_started
 
     newcomer_started()
-    timeout = max(config.join_timeout(), pg.timeout)
+    # A newcomer beats for FTCOMM_JOIN_TIMEOUT from its promotion; one still not here after that
+    # falls silent and is fenced like a hung rank (then replaced, or the group shrinks), which
+    # this deadline leaves time for. Only where fencing cannot reach it (another host) does the
+    # deadline end the hand-over with an error.
+    timeout = config.join_timeout() + 2 * max(_C.fence_timeout(), pg.timeout)
     t0 = time.perf_counter()
     while True:
         comm = pg.begin_handshake()
@@ -61,7 +66,13 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         except (ProcFailedError, RevokedError) as exc:
             pg.recover_in_handshake(comm, exc)
             continue
-        except FtError:  # bad state, state lost, a newcomer that never came (timeout)
+        except CollectiveTimeoutError as exc:
+            pg.end_handshake()
+            raise CollectiveTimeoutError(
+                f"ftcomm.torch: the hand-over to a promoted spare did not complete within {timeout:.0f} s: "
+                "the newcomer did not reach loader.epochs() (FTCOMM_JOIN_TIMEOUT) and could not be "
+                "fenced") from exc
+        except FtError:  # bad state, state lost
             pg.end_handshake()
             raise
         except RuntimeError as exc:  # a failure surfacing through DDP's reducer (torch wraps it)
@@ -114,16 +125,26 @@ def _module(model):
 def _pack(model, optimizer, extra_state, loader_state) -> np.ndarray:
     buf = io.BytesIO()
     torch.save({"model": _module(model).state_dict(), "optimizer": optimizer.state_dict(),
-                "extra": [obj.state_dict() for obj in extra_state], "rng": torch.get_rng_state(),
-                "loader": loader_state}, buf)
+                "kinds": _kinds(optimizer, extra_state), "extra": [obj.state_dict() for obj in extra_state],
+                "rng": torch.get_rng_state(), "loader": loader_state}, buf)
     return np.frombuffer(buf.getbuffer(), np.uint8).copy()
+
+
+def _kinds(optimizer, extra_state) -> list:
+    """The optimizer's class and its parameter groups' settings names, and the extra state
+    objects' classes: what must agree for a state dict to fit."""
+    groups = [sorted(k for k in group if k != "params") for group in optimizer.param_groups]
+    return [type(optimizer).__name__, groups, [type(obj).__name__ for obj in extra_state]]
 
 
 def _unpack(payload: np.ndarray, model, optimizer, extra_state) -> dict:
     # weights_only=False: the payload comes from this job's own survivors, not from a file.
     blob = torch.load(io.BytesIO(payload.tobytes()), weights_only=False)
-    if len(blob["extra"]) != len(extra_state):
-        raise ValueError(f"{len(blob['extra'])} extra state objects on the survivors, {len(extra_state)} here")
+    if blob["kinds"] != _kinds(optimizer, extra_state):
+        # load_state_dict checks only the number and sizes of parameter groups: an SGD state
+        # would load into AdamW and fail at its first step.
+        raise ValueError(f"the survivors have optimizer / extra state {blob['kinds']}, this newcomer "
+                         f"{_kinds(optimizer, extra_state)}")
     with torch.no_grad():
         _module(model).load_state_dict(blob["model"], strict=True)
     optimizer.load_state_dict(blob["optimizer"])

@@ -20,7 +20,12 @@ What happens when a rank dies during a step (say in a gradient bucket's allreduc
    sampler at the new rank and world size for later epochs, and goes on. The interrupted step is
    thus redone over the survivors, with gradients averaged over the new world size (DDP reads
    ``pg.size()`` at each backward), and no sample of the epoch is lost or used twice (up to the
-   padding ``DistributedSampler`` itself adds).
+   padding ``DistributedSampler`` itself adds). torch's CPU RNG is rewound to where the voided
+   step started, so the redone step draws the same random numbers (dropout masks).
+
+With spare ranks a spare takes the dead rank's place instead and the survivors hand it their
+state at the end of the voided step (``join.py``); the loop is then written with ``model=``,
+``optimizer=`` and ``epochs()`` (``ResilientLoader``).
 
 In DDP every rank holds the full parameters and optimizer state, so the survivors already have
 everything: nothing is fetched from replicas. (ZeRO-sharded state is ``ftcomm.ShardedOptimizer``'s
@@ -251,6 +256,10 @@ class ResilientLoader:
             missing.append("a DataLoader with a DistributedSampler and a batch_size")
         if not self._in_epochs:
             missing.append("the epoch loop `for epoch in loader.epochs(E):`")
+        if getattr(self.model, "static_graph", False):
+            # A fresh static-graph DDP reduces its first iteration in one delayed pass, unlike the
+            # survivors' trained one: a newcomer's buckets would not match theirs.
+            missing.append("a DDP model without static_graph=True")
         if missing:
             raise ValueError(
                 "ftcomm.torch.resilient with spare ranks (ftcomm-run --spares) needs "
@@ -272,6 +281,15 @@ class ResilientLoader:
                           prefetch_factor=src.prefetch_factor)
         return DataLoader(src.dataset, **kwargs)
 
+    def _iter_keeping_rng(self, indices):
+        """An iterator over ``indices`` that leaves torch's RNG as it was: ``iter(DataLoader)``
+        draws a seed from it, which the epoch's first iterator already did, so a run with a
+        re-split draws the same random numbers as one without."""
+        state = torch.get_rng_state()
+        it = iter(self._loader_over(indices))
+        torch.set_rng_state(state)
+        return it
+
     def __iter__(self):
         from torch.utils.data.distributed import DistributedSampler
 
@@ -287,8 +305,8 @@ class ResilientLoader:
             plan = None      # None: the sampler's own split of its current epoch
             it = iter(self.loader)
         else:  # a newcomer's first pass: the survivors' remaining samples of this epoch
-            plan = resplit.deal(resume["rest"], pg.size(), drop_last=sampler.drop_last)
-            it = iter(self._loader_over(plan[pg.rank()]))
+            plan = resplit.carry_on(resume["plan"], resume["used"], pg.size(), drop_last=sampler.drop_last)
+            it = self._iter_keeping_rng(plan[pg.rank()])
         plan_size = pg.size()
         used = 0             # batches of the current plan whose step was applied
         generation = pg.generation
@@ -308,6 +326,7 @@ class ResilientLoader:
                         batch = next(it)
                     except StopIteration:
                         return
+                rng = torch.get_rng_state()  # what this step starts from; a voided step rewinds to it
                 yield batch
                 EXECUTOR.drain()
                 with STATE.lock:
@@ -316,6 +335,7 @@ class ResilientLoader:
                 self.last_step_skipped = skipped
                 if skipped:
                     self.steps_redone += 1
+                    torch.set_rng_state(rng)  # the redone step draws what the voided one drew (dropout)
                 else:
                     self.steps_applied += 1
                     used += 1
@@ -324,14 +344,13 @@ class ResilientLoader:
                 if can_resplit:  # the world changed during this step
                     if plan is None:
                         plan = resplit.sampler_plan(sampler, plan_size)
-                    rest = resplit.remaining(plan, used * batch_size)
                     if pg.awaiting_join:
-                        self._hand_over(pg, {"epoch": self.epoch, "rest": rest, "steps_applied": self.steps_applied,
-                                             "steps_redone": self.steps_redone})
-                    plan = resplit.deal(rest, pg.size(), drop_last=sampler.drop_last)
+                        self._hand_over(pg, {"epoch": self.epoch, "plan": plan, "used": used * batch_size,
+                                             "steps_applied": self.steps_applied, "steps_redone": self.steps_redone})
+                    plan = resplit.carry_on(plan, used * batch_size, pg.size(), drop_last=sampler.drop_last)
                     plan_size, used = pg.size(), 0
                     resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
-                    it = iter(self._loader_over(plan[pg.rank()]))
+                    it = self._iter_keeping_rng(plan[pg.rank()])
                 elif skipped:
                     redo = batch
                 generation = pg.generation

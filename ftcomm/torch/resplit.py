@@ -42,6 +42,17 @@ def remaining(plan: list[list[int]], used: int) -> list[int]:
     return out
 
 
+def carry_on(plan: list[list[int]], used: int, num_replicas: int, drop_last: bool = False) -> list[list[int]]:
+    """The plan for the rest of the epoch after each rank of ``plan`` used its first ``used``
+    indices. With the same number of ranks (a spare took the failed rank's place) every rank
+    keeps the rest of its own list, the sampler's padding included, so the epoch goes on exactly
+    as it would have without the failure; with another number the rest is merged in the global
+    order and dealt again (``remaining`` + ``deal``)."""
+    if len(plan) == num_replicas:
+        return [list(lst[used:]) for lst in plan]
+    return deal(remaining(plan, used), num_replicas, drop_last)
+
+
 def deal(indices: list[int], num_replicas: int, drop_last: bool = False) -> list[list[int]]:
     """Splits ``indices`` over ``num_replicas`` ranks round-robin, as ``DistributedSampler`` does:
     equal lengths, padded by repeating from the start (or cut, when ``drop_last``)."""

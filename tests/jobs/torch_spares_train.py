@@ -46,7 +46,7 @@ sampler = DistributedSampler(dataset, shuffle=True, seed=3)
 data = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
 
 width = args.newcomer_width if pg.joining else 64
-model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 4))
+model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 4))
 ddp = DDP(model)
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.5)

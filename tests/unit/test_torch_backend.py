@@ -86,6 +86,15 @@ def test_work_reports_future_exception():
         work.wait()
 
 
+def test_carry_on_keeps_each_ranks_tail_at_the_same_size():
+    # 10 samples over 4 ranks: the sampler pads with samples 0 and 1 (each used twice).
+    plan = [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
+    # a spare took a place: the same ranks, each goes on with its own list, padding included
+    assert resplit.carry_on(plan, 1, 4) == [[4, 8], [5, 9], [6, 0], [7, 1]]
+    # a shrink: what no rank used yet (0 and 1 were), dealt over 3
+    assert resplit.carry_on(plan, 1, 3) == resplit.deal([4, 5, 6, 7, 8, 9], 3) == [[4, 7], [5, 8], [6, 9]]
+
+
 def test_remaining_and_deal():
     plan = [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
     rest = resplit.remaining(plan, 1)

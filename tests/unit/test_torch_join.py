@@ -78,6 +78,10 @@ def test_hand_over_payload_refuses_another_model():
         join._unpack(payload, model, opt, [torch.optim.lr_scheduler.StepLR(opt, 2)])
     with pytest.raises(ValueError, match="extra state"):
         join._unpack(payload, make_model(3), torch.optim.AdamW(make_model(3).parameters()), [])
+    other = make_model(3)
+    sgd = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)  # same groups, another optimizer
+    with pytest.raises(ValueError, match="SGD"):
+        join._unpack(payload, other, sgd, [torch.optim.lr_scheduler.StepLR(sgd, 2)])
 
 
 class _FakeGroup:
@@ -94,6 +98,10 @@ def test_loop_a_spare_cannot_join_is_refused():
     ready = ft.resilient(data, model=make_model(0), optimizer=object())
     ready._in_epochs = True
     assert ready._check_joinable(_FakeGroup(), can_resplit=True) is True
+    static = ft.resilient(data, model=torch.nn.Module(), optimizer=object())
+    static.model.static_graph, static._in_epochs = True, True
+    with pytest.raises(ValueError, match="static_graph"):
+        static._check_joinable(_FakeGroup(), can_resplit=True)
     shrink = _FakeGroup()
     shrink.policy = "shrink"
     assert loader._check_joinable(shrink, can_resplit=False) is False
