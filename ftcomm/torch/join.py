@@ -9,8 +9,9 @@ end of that step. Both then run ``hand_over``, one collective over the group's c
 1. allgather of one flag per rank: 1 = holds the training state (a survivor), 0 = newcomer;
 2. the lowest rank holding state broadcasts (length, then bytes) one ``torch.save`` payload: the
    module's ``state_dict``, the optimizer's, those of ``extra_state`` objects (an LR scheduler, a
-   GradScaler), torch's CPU RNG state, and the loader's position (epoch, the epoch's unused
-   samples, step counters); newcomers load it (``load_state_dict``, strict);
+   GradScaler), torch's CPU RNG state, and the loader's position (epoch, the epoch's sample plan
+   and how much of it was used, step counters); newcomers check that their optimizer and extra
+   objects are of the same kinds and load it (``load_state_dict``, strict);
 3. every rank rebuilds DDP's gradient buckets in one collective way (``_sync_ddp_buckets``), since a
    fresh DDP and one that trained for a while group gradients differently;
 4. an agreement on whether every newcomer could load the state: if one could not (its script
@@ -46,6 +47,8 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         InvalidInputError: a newcomer's model, optimizer or extra state does not accept the
             survivors' state dicts (different architecture or settings), on every rank.
         StateLostError: no rank holding the training state is left.
+        CollectiveTimeoutError: a newcomer did not arrive within FTCOMM_JOIN_TIMEOUT plus twice
+            the fence timeout, and could not be fenced (another host).
     """
     from .. import config
     from .rendezvous import newcomer_started
