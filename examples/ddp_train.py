@@ -46,7 +46,7 @@ def main():
     parser.add_argument("--backend", default="ftcomm")  # ftcomm (was "gloo")
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK inside the gradient allreduce of "
-                             "optimizer step STEP (counted from 0 over the whole run)")
+                             "iteration STEP (counted from 0 over the whole run)")
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
     args = parser.parse_args()
 
@@ -73,7 +73,7 @@ def main():
         ddp_model.train()
         total, count = 0.0, 0
         for xb, yb in loader:
-            step = loader.steps_applied + loader.steps_redone  # counted from the start, on a newcomer too
+            step = loader.steps_applied + loader.steps_redone  # iterations so far, voided ones included, on a newcomer too
             if args.kill and args.kill[1] == step:  # demo only
                 arm_kill(args.kill[0])
             optimizer.zero_grad()
