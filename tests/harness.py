@@ -41,6 +41,22 @@ def cross_entropy_backward(model, opt, x, y, batch) -> float:
     return loss.item()
 
 
+def ddp_toy_data(samples: int, batch: int):
+    """Called inside a torch job: the two DDP jobs' data, the same on every rank (seeded): X
+    (samples x 16 float32), Y (4 classes, a linear rule), and a DataLoader of (x, y, sample id)
+    with a shuffling DistributedSampler (seed 3) and ``batch`` samples per rank. Returns
+    (X, Y, sampler, loader)."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.manual_seed(0)
+    x = torch.randn(samples, 16)
+    y = (x @ torch.randn(16, 4)).argmax(1)
+    dataset = TensorDataset(x, y, torch.arange(samples))
+    sampler = DistributedSampler(dataset, shuffle=True, seed=3)
+    return x, y, sampler, DataLoader(dataset, batch_size=batch, sampler=sampler)
+
+
 @dataclass
 class JobResult:
     returncode: int

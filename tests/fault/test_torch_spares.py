@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 N, SAMPLES, BATCH, EPOCHS = 4, 384, 8, 2
 STEPS_PER_EPOCH = SAMPLES // (N * BATCH)  # 12: no padding, so a re-split over 4 deals the same samples
 JOB = JOBS / "torch_spares_train.py"
+FIRST_KILL = "rank=2,point=reduce_scatter,step=6,kind=kill"  # world rank 2, in iteration 6
 
 
 def run(spares: int, fault: str | None = None, *args, ftcomm_timeout: float = 30, env: dict | None = None):
@@ -127,66 +128,54 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(samples):
 
 @pytest.mark.fault
 @pytest.mark.timeout(300)
-def test_rank0_then_its_replacement_die():
+@pytest.mark.parametrize("fault,survivors,newcomer_ranks,redone", [
     # World rank 0 hosts torch's TCP store and is DDP's broadcast root; its replacement (world
     # rank 4, now rank 0) is killed in turn, and world rank 5 takes the place.
-    job = run(2, "rank=0,point=reduce_scatter,step=6,kind=kill;rank=4,point=reduce_scatter,step=15,kind=kill")
-    assert job.returncode == 0, job.describe()
-    finals = job.by_rank(kind="final")
-    assert sorted(finals) == [1, 2, 3, 5], job.describe()
-    assert finals[5]["rank"] == 0 and finals[5]["joined"] is True
-    for world_rank in (1, 2, 3):
-        assert finals[world_rank]["rank"] == world_rank
-        assert finals[world_rank]["recoveries"] == [[[0], N, N, "spares", [0]], [[4], N, N, "spares", [0]]]
-    for rep in finals.values():
-        assert rep["size"] == N and rep["applied"] == EPOCHS * STEPS_PER_EPOCH and rep["redone"] == 2
-    check_same_state(finals)
-    check_every_sample_once(job)
-
-
-@pytest.mark.fault
-@pytest.mark.timeout(300)
-def test_spares_exhausted_then_shrink():
-    job = run(1, "rank=2,point=reduce_scatter,step=6,kind=kill;rank=4,point=reduce_scatter,step=15,kind=kill")
-    assert job.returncode == 0, job.describe()
-    finals = job.by_rank(kind="final")
-    assert sorted(finals) == [0, 1, 3], job.describe()
-    for world_rank, rep in finals.items():
-        assert rep["size"] == N - 1 and rep["sampler"] == [rep["rank"], N - 1]
-        assert rep["recoveries"] == [[[2], N, N, "spares", [2]], [[4], N, N - 1, "shrink", []]]
-        assert rep["redone"] == 2
-    check_same_state(finals)
-    check_every_sample_once(job)
-
-
-@pytest.mark.fault
-@pytest.mark.timeout(300)
-def test_failure_during_the_hand_over():
+    pytest.param(f"rank=0,point=reduce_scatter,step=6,kind=kill;rank={N},point=reduce_scatter,step=15,kind=kill",
+                 [1, 2, 3], {0}, 2, id="rank 0 then its replacement"),
     # World rank 1 dies in the hand-over to the first newcomer: a second spare takes its place
     # and the hand-over starts again with two newcomers.
-    job = run(2, "rank=2,point=reduce_scatter,step=6,kind=kill;rank=1,point=join,kind=kill")
+    pytest.param(f"{FIRST_KILL};rank=1,point=join,kind=kill", [0, 3], {1, 2}, 1, id="a survivor in the hand-over"),
+])
+def test_two_failures_two_spares_back_to_full_size(fault, survivors, newcomer_ranks, redone):
+    job = run(2, fault)
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
-    assert sorted(finals) == [0, 3, 4, 5], job.describe()
-    assert {finals[w]["rank"] for w in (4, 5)} == {1, 2}
+    newcomers = sorted(set(finals) - set(survivors))
+    assert sorted(finals) == survivors + newcomers and all(w > N - 1 for w in newcomers), job.describe()
+    assert {finals[w]["rank"] for w in newcomers} == newcomer_ranks
+    assert all(finals[w]["rank"] == w and not finals[w]["joined"] for w in survivors)
+    assert all(finals[w]["joined"] for w in newcomers)
+    for w in survivors:  # each failure brought a spare in: every recovery kept the size
+        assert [(e[2], e[3]) for e in finals[w]["recoveries"]] == [(N, "spares")] * 2
     for rep in finals.values():
-        assert rep["size"] == N and rep["applied"] == EPOCHS * STEPS_PER_EPOCH
+        assert rep["size"] == N and rep["applied"] == EPOCHS * STEPS_PER_EPOCH and rep["redone"] == redone
     check_same_state(finals)
     check_every_sample_once(job)
 
 
 @pytest.mark.fault
 @pytest.mark.timeout(300)
-def test_newcomer_dies_in_the_hand_over_and_no_spare_is_left():
-    # The only spare is killed inside the hand-over: the survivors shrink to 3, start the
-    # hand-over again with nobody to hand to, and finish the epoch's samples among themselves.
-    job = run(1, f"rank=2,point=reduce_scatter,step=6,kind=kill;rank={N},point=join,kind=kill")
+@pytest.mark.parametrize("fault,args,env,redone", [
+    # spares exhausted: the newcomer (world rank 4) is killed in training after it joined
+    pytest.param(f"{FIRST_KILL};rank={N},point=reduce_scatter,step=15,kind=kill", (), {}, 2, id="killed after joining"),
+    # killed inside the hand-over: the survivors start it again with nobody to hand to
+    pytest.param(f"{FIRST_KILL};rank={N},point=join,kind=kill", (), {}, 1, id="killed in the hand-over"),
+    # a 60 s set-up against FTCOMM_JOIN_TIMEOUT = 3 s: the newcomer stops beating after 3 s and
+    # is fenced as a hung rank 5 s later
+    pytest.param(FIRST_KILL, ("--newcomer-setup-s", 60), {"FTCOMM_JOIN_TIMEOUT": "3"}, 1, id="never arrives"),
+])
+def test_newcomer_lost_with_no_spare_left_shrinks(fault, args, env, redone):
+    job = run(1, fault, *args, ftcomm_timeout=5 if env else 30, env=env)
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
     assert sorted(finals) == [0, 1, 3], job.describe()
     for rep in finals.values():
         assert rep["size"] == N - 1 and rep["sampler"] == [rep["rank"], N - 1]
         assert rep["recoveries"] == [[[2], N, N, "spares", [2]], [[N], N, N - 1, "shrink", []]]
+        assert rep["redone"] == redone
+    if env:  # never arrived: fenced
+        assert f"fencing world rank {N}" in job.stderr
     check_same_state(finals)
     check_every_sample_once(job)
 
@@ -202,24 +191,6 @@ def test_newcomer_set_up_longer_than_the_timeout():
     assert sorted(finals) == [0, 2, 3, N], job.describe()
     assert finals[N]["rank"] == 1 and finals[N]["joined"] is True
     assert "fencing" not in job.stderr
-    check_same_state(finals)
-    check_every_sample_once(job)
-
-
-@pytest.mark.fault
-@pytest.mark.timeout(300)
-def test_newcomer_that_never_arrives_is_fenced_and_the_group_shrinks():
-    # Set-up of 60 s against FTCOMM_JOIN_TIMEOUT = 3 s: the newcomer stops beating after 3 s, is
-    # fenced as a hung rank 5 s later, and the survivors (no spare left) go on at size 3.
-    job = run(1, "rank=2,point=reduce_scatter,step=6,kind=kill", "--newcomer-setup-s", 60, ftcomm_timeout=5,
-              env={"FTCOMM_JOIN_TIMEOUT": "3"})
-    assert job.returncode == 0, job.describe()
-    finals = job.by_rank(kind="final")
-    assert sorted(finals) == [0, 1, 3], job.describe()
-    assert f"fencing world rank {N}" in job.stderr
-    for rep in finals.values():
-        assert rep["size"] == N - 1
-        assert rep["recoveries"] == [[[2], N, N, "spares", [2]], [[N], N, N - 1, "shrink", []]]
     check_same_state(finals)
     check_every_sample_once(job)
 

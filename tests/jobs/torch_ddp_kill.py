@@ -9,10 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ftcomm.torch
-from harness import report
+from harness import ddp_toy_data, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
@@ -24,12 +23,7 @@ dist.init_process_group("ftcomm")
 pg = dist.group.WORLD
 world_rank = pg.comm.world_rank
 
-torch.manual_seed(0)
-X = torch.randn(args.samples, 16)
-Y = (X @ torch.randn(16, 4)).argmax(1)
-dataset = TensorDataset(X, Y, torch.arange(args.samples))
-sampler = DistributedSampler(dataset, shuffle=True, seed=3)
-loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
+X, Y, sampler, loader = ddp_toy_data(args.samples, args.batch)
 
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
 ddp = DDP(model)

@@ -17,10 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ftcomm.torch  # a spare waits in here until it is promoted
-from harness import report
+from harness import ddp_toy_data, report
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=2)
@@ -38,12 +37,7 @@ pg = dist.group.WORLD
 if pg.joining:
     time.sleep(args.newcomer_setup_s)
 
-torch.manual_seed(0)
-X = torch.randn(args.samples, 16)
-Y = (X @ torch.randn(16, 4)).argmax(1)
-dataset = TensorDataset(X, Y, torch.arange(args.samples))
-sampler = DistributedSampler(dataset, shuffle=True, seed=3)
-data = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
+_, _, sampler, data = ddp_toy_data(args.samples, args.batch)
 
 width = args.newcomer_width if pg.joining else 64
 model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 4))
