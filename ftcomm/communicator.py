@@ -363,6 +363,22 @@ class Communicator:
                 self.exchange(sends=[((r + mask) % n, buf)], tag=_BROADCAST_TAG, timeout=timeout)
             mask >>= 1
 
+    def broadcast_bytes(self, data: bytes | None, root: int = 0, timeout: float | None = None) -> bytes:
+        """``data`` (given on ``root``; None elsewhere) on every rank, of any length: its length
+        (one int64) is broadcast first, then its bytes. ``timeout`` in seconds, per phase.
+
+        Returns:
+            The root's bytes.
+        Raises:
+            As ``broadcast`` (InvalidInputError on every rank for a bad root; ProcFailedError,
+            RevokedError, CollectiveTimeoutError as a local outcome).
+        """
+        length = np.array([0 if data is None else len(data)], np.int64)
+        self.broadcast(length, root, timeout=timeout)
+        buf = np.frombuffer(data, np.uint8).copy() if data is not None else np.zeros(int(length[0]), np.uint8)
+        self.broadcast(buf, root, timeout=timeout)
+        return buf.tobytes()
+
     def _validate(self, what: str, problem: int, fields, names, timeout) -> None:
         """Uniform input check of a collective helper: every rank brings its own problem code (0 =
         none) and the values that must be equal everywhere; one min/max round gives every rank the

@@ -100,13 +100,9 @@ def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
 
 
 def _broadcast_json(comm, root: int, value, timeout):
-    """``value`` (JSON-serialisable, given on ``root``) on every rank: its length, then its bytes."""
-    raw = np.frombuffer(json.dumps(value).encode(), np.uint8) if comm.rank == root else None
-    length = np.array([0 if raw is None else raw.size], np.int64)
-    comm.broadcast(length, root, timeout=timeout)
-    buf = raw.copy() if raw is not None else np.zeros(int(length[0]), np.uint8)
-    comm.broadcast(buf, root, timeout=timeout)
-    return json.loads(buf.tobytes())
+    """``value`` (JSON-serialisable, given on ``root``) on every rank."""
+    data = json.dumps(value).encode() if comm.rank == root else None
+    return json.loads(comm.broadcast_bytes(data, root, timeout=timeout))
 
 
 def verified_sources(opt, comm, old: ShardLayout, step: int) -> dict:

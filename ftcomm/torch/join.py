@@ -106,12 +106,8 @@ def _exchange(comm, model, optimizer, extra_state, loader_state, timeout: float)
     if flags.all():
         return loader_state, True  # the newcomers failed and were not replaced: nothing to send
     root = int(np.argmax(flags))
-    payload = _pack(model, optimizer, extra_state, loader_state) if comm.rank == root else None
-    length = np.array([0 if payload is None else payload.size], np.int64)
-    comm.broadcast(length, root=root, timeout=timeout)
-    if payload is None:
-        payload = np.empty(int(length[0]), np.uint8)
-    comm.broadcast(payload, root=root, timeout=timeout)
+    payload = comm.broadcast_bytes(_pack(model, optimizer, extra_state, loader_state) if comm.rank == root
+                                   else None, root, timeout=timeout)
     if loader_state is not None:
         return loader_state, True
     try:
@@ -125,12 +121,12 @@ def _module(model):
     return getattr(model, "module", model)
 
 
-def _pack(model, optimizer, extra_state, loader_state) -> np.ndarray:
+def _pack(model, optimizer, extra_state, loader_state) -> bytes:
     buf = io.BytesIO()
     torch.save({"model": _module(model).state_dict(), "optimizer": optimizer.state_dict(),
                 "kinds": _kinds(optimizer, extra_state), "extra": [obj.state_dict() for obj in extra_state],
                 "rng": torch.get_rng_state(), "loader": loader_state}, buf)
-    return np.frombuffer(buf.getbuffer(), np.uint8).copy()
+    return buf.getvalue()
 
 
 def _kinds(optimizer, extra_state) -> list:
@@ -140,9 +136,9 @@ def _kinds(optimizer, extra_state) -> list:
     return [type(optimizer).__name__, groups, [type(obj).__name__ for obj in extra_state]]
 
 
-def _unpack(payload: np.ndarray, model, optimizer, extra_state) -> dict:
+def _unpack(payload: bytes, model, optimizer, extra_state) -> dict:
     # weights_only=False: the payload comes from this job's own survivors, not from a file.
-    blob = torch.load(io.BytesIO(payload.tobytes()), weights_only=False)
+    blob = torch.load(io.BytesIO(payload), weights_only=False)
     if blob["kinds"] != _kinds(optimizer, extra_state):
         # load_state_dict checks only the number and sizes of parameter groups: an SGD state
         # would load into AdamW and fail at its first step.

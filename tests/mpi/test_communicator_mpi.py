@@ -111,6 +111,13 @@ def test_allgather_and_broadcast(comm):
     np.testing.assert_array_equal(buf, np.arange(6.0))
 
 
+def test_broadcast_bytes_of_any_length(comm):
+    root = comm.size - 1
+    for data in (bytes(range(256)) * 3 + b"tail", b""):  # 772 bytes, then none
+        got = comm.broadcast_bytes(data if comm.rank == root else None, root=root)
+        assert got == data
+
+
 def test_barrier_and_timeout_argument_checked(comm):
     comm.barrier(timeout=30)
     with pytest.raises(ValueError):
