@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     for n in args.ranks:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
-            cmd = [sys.executable, "-m", "ftcomm.run", "-n", str(n), "--timeout", str(args.timeout),
+            cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(n), "--timeout", str(args.timeout),
                    sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]

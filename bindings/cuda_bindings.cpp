@@ -1,7 +1,7 @@
-// Python bindings of ftcomm's CUDA support (issue #6), registered into ftcomm._C by
+// Python bindings of ftcomm's CUDA support (GPU buffers), registered into ftcomm._C by
 // RegisterCudaBindings. Defined in every build: without FTCOMM_WITH_CUDA the CUDA functions
 // raise RuntimeError naming why CUDA was left out, while the staging logic stays callable with
-// host-memory copies (`host_memory_ops=True`) for CPU-only tests. ftcomm/cuda.py is the Python
+// host-memory copies (`host_memory_ops=True`) for CPU-only tests. ftcomm/core/cuda.py is the Python
 // face of these functions; device memory is passed as integer addresses, streams as integer
 // cudaStream_t handles.
 #include <pybind11/pybind11.h>

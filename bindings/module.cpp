@@ -1,7 +1,9 @@
 // Python bindings of the core (module ftcomm._C). This layer only converts: Python objects to
 // pointers and lengths, core Status to ftcomm exceptions, and it releases the GIL around every
 // call that may block. Buffers arrive as (address, element count, dtype code) triples prepared
-// by ftcomm/_buffers.py, which owns the numpy/torch/CuPy specifics.
+// by ftcomm/core/buffers.py, which owns the numpy/torch/CuPy specifics. The core's enums (status
+// codes, dtypes, ops, input problems, fault kinds, message tags) are exported here, so that Python
+// reads every code from the C++ definition instead of a copy.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,6 +19,8 @@
 #include "core/communicator.h"
 #include "core/liveness.h"
 #include "core/mpi_compat.h"
+#include "core/settings.h"
+#include "core/tags.h"
 #include "core/watchdog.h"
 #include "fault/injection.h"
 
@@ -27,11 +31,12 @@ using ftcomm::StatusCode;
 
 namespace {
 
-// Raises the ftcomm exception for a non-OK status (classes live in ftcomm/errors.py).
+// Raises the ftcomm exception for a non-OK status (the classes live in ftcomm/errors.py, the
+// mapping from status code to class in ftcomm/core/codes.py).
 void ThrowIfError(const Status& s) {
   if (s.ok()) return;
-  py::object from_status = py::module_::import("ftcomm.errors").attr("from_status");
-  py::object exc = from_status(static_cast<int>(s.code), s.message, s.failed_ranks, s.step);
+  py::object from_status = py::module_::import("ftcomm.core.codes").attr("exception_from_status");
+  py::object exc = from_status(s.code, s.message, s.failed_ranks, s.step);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
 }
@@ -77,14 +82,69 @@ PyCommunicator Create(py::object mpi4py_comm, double timeout_s) {
 
 }  // namespace
 
-// --- issue #6 (GPU buffers): hooks for bindings/cuda_bindings.cpp -----------------------------
-// The core communicator behind a _C.Communicator, and the Status-to-exception conversion.
+// Hooks for bindings/cuda_bindings.cpp: the core communicator behind a _C.Communicator, and the
+// Status-to-exception conversion.
 ftcomm::Communicator& CoreCommunicatorOf(py::handle communicator) {
   return *py::cast<PyCommunicator&>(communicator).core;
 }
 void RaiseIfError(const Status& status) { ThrowIfError(status); }
 void RegisterCudaBindings(py::module_& m);  // defined in bindings/cuda_bindings.cpp
-// --- end issue #6 -----------------------------------------------------------------------------
+
+namespace {
+
+void RegisterEnums(py::module_& m) {
+  py::enum_<StatusCode>(m, "StatusCode", "Outcome of a core call (core/status.h).")
+      .value("OK", StatusCode::kOk)
+      .value("PROC_FAILED", StatusCode::kProcFailed)
+      .value("REVOKED", StatusCode::kRevoked)
+      .value("TIMEOUT", StatusCode::kTimeout)
+      .value("ULFM_UNAVAILABLE", StatusCode::kUlfmUnavailable)
+      .value("INVALID_INPUT", StatusCode::kInvalidInput)
+      .value("MPI_ERROR", StatusCode::kMpiError);
+  py::enum_<ftcomm::DType>(m, "DType", py::arithmetic(), "Element types (collectives/dtype.h).")
+      .value("FLOAT32", ftcomm::DType::kFloat32)
+      .value("FLOAT64", ftcomm::DType::kFloat64)
+      .value("FLOAT16", ftcomm::DType::kFloat16)
+      .value("BFLOAT16", ftcomm::DType::kBFloat16)
+      .value("INT32", ftcomm::DType::kInt32)
+      .value("INT64", ftcomm::DType::kInt64);
+  py::enum_<ftcomm::ReduceOp>(m, "ReduceOp", py::arithmetic(), "Reduction ops (collectives/dtype.h).")
+      .value("SUM", ftcomm::ReduceOp::kSum)
+      .value("AVG", ftcomm::ReduceOp::kAvg)
+      .value("MIN", ftcomm::ReduceOp::kMin)
+      .value("MAX", ftcomm::ReduceOp::kMax)
+      .value("PROD", ftcomm::ReduceOp::kProd);
+  py::enum_<ftcomm::InputProblem>(m, "InputProblem", py::arithmetic(),
+                                  "Why a rank rejects its own input (collectives/allreduce_step.h).")
+      .value("NONE", ftcomm::InputProblem::kNone)
+      .value("NOT_CONTIGUOUS", ftcomm::InputProblem::kNotContiguous)
+      .value("READ_ONLY", ftcomm::InputProblem::kReadOnly)
+      .value("UNSUPPORTED_DTYPE", ftcomm::InputProblem::kUnsupportedDType)
+      .value("UNSUPPORTED_OP", ftcomm::InputProblem::kUnsupportedOp)
+      .value("NOT_A_BUFFER", ftcomm::InputProblem::kNotABuffer)
+      .value("MIXED_DEVICES", ftcomm::InputProblem::kMixedDevices)
+      .value("STEP_NOT_AFTER_COMMITTED", ftcomm::InputProblem::kStepNotAfterCommitted);
+  py::enum_<ftcomm::fault::Kind>(m, "FaultKind", py::arithmetic(), "How an injected fault fails a rank.")
+      .value("KILL", ftcomm::fault::Kind::kKill)
+      .value("EXIT", ftcomm::fault::Kind::kExit)
+      .value("HANG", ftcomm::fault::Kind::kHang)
+      .value("STOP", ftcomm::fault::Kind::kStop);
+  py::enum_<ftcomm::Tag>(m, "Tag", py::arithmetic(), "MPI message tags of ftcomm's protocols (core/tags.h).")
+      .value("RING", ftcomm::Tag::kRing)
+      .value("VALIDATE", ftcomm::Tag::kValidate)
+      .value("ALLGATHER", ftcomm::Tag::kAllgather)
+      .value("BROADCAST", ftcomm::Tag::kBroadcast)
+      .value("SUBGROUP", ftcomm::Tag::kSubgroup)
+      .value("REPLICA", ftcomm::Tag::kReplica)
+      .value("RESHARD", ftcomm::Tag::kReshard)
+      .value("SPARE_WAKE", ftcomm::Tag::kSpareWake);
+  m.def("input_problem_text", [](ftcomm::InputProblem p) { return std::string(ftcomm::InputProblemText(p)); },
+        py::arg("problem"), "What an input problem means, in words.");
+  m.def("element_size", [](ftcomm::DType d) { return ftcomm::ElementSize(d); }, py::arg("dtype"),
+        "Bytes per element of a dtype.");
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ftcomm core: ULFM communicators and fault-aware collectives";
@@ -93,6 +153,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("ft_compiled_in", &ftcomm::FtCompiledIn, "True if built against an MPI with ULFM");
   m.def("ft_enabled", &ftcomm::FtEnabled, "True if this job runs with ULFM switched on (MPIX_FT)");
   m.def("mpi_library_version", &ftcomm::MpiLibraryVersion);
+  RegisterEnums(m);
+  m.def("configure",
+        [](double fence_timeout_s, const std::string& run_dir, bool profile) {
+          ftcomm::CoreSettings settings;
+          settings.fence_timeout_s = fence_timeout_s;
+          settings.run_dir = run_dir;
+          settings.profile = profile;
+          ftcomm::Configure(settings);
+        },
+        py::arg("fence_timeout_s"), py::arg("run_dir"), py::arg("profile"),
+        "Hands the core its settings (core/settings.h); called once by ftcomm.core.runtime.");
 
   py::class_<PyCommunicator>(m, "Communicator")
       .def_static("create", &Create, py::arg("mpi4py_comm"), py::arg("timeout"))
@@ -258,14 +329,14 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("fault_add",
         [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk,
-           int kind) {
+           ftcomm::fault::Kind kind) {
           ftcomm::fault::Spec spec;
           spec.point = point;
           spec.world_rank = world_rank;
           spec.step = step;
           spec.ring_step = ring_step;
           spec.chunk = chunk;
-          spec.kind = static_cast<ftcomm::fault::Kind>(kind);
+          spec.kind = kind;
           ftcomm::fault::Add(spec);
         });
   m.def("fault_clear", &ftcomm::fault::Clear);
@@ -296,5 +367,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("fence_timeout", &ftcomm::liveness::FenceTimeout,
         "Seconds of silence after which a waiting peer fences a rank.");
 
-  RegisterCudaBindings(m);  // issue #6: CUDA kernels and staged device allreduce (or stubs)
+  RegisterCudaBindings(m);  // CUDA kernels and the staged device allreduce (or stubs)
 }

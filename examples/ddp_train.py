@@ -96,7 +96,7 @@ def main():
                 json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(),
                            "steps": loader.steps_applied + loader.steps_redone, "joined": loader.joined,
                            "seconds": time.perf_counter() - start, "first_rank": rank,
-                           "recoveries": [vars(e) for e in ftcomm.torch.recoveries()]}, f)
+                           "recoveries": [e.as_dict() for e in ftcomm.torch.recoveries()]}, f)
     dist.destroy_process_group()
 
 

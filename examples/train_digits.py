@@ -85,6 +85,10 @@ def timeline(log_dir: str, rid: int) -> list[dict]:
     return sorted(events, key=lambda e: e["time"])
 
 
+def _ms(seconds) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 3)
+
+
 def mttr(events: list[dict]) -> list[dict]:
     """For each kill: seconds from the kill to the first committed step after it."""
     out = []
@@ -95,8 +99,8 @@ def mttr(events: list[dict]) -> list[dict]:
         if first is not None:
             out.append({"killed_rank": kill["rank"], "step": kill["step"],
                         "mttr_s": round(first["time"] - kill["time"], 4),
-                        "detection_ms": rec and rec["detection_ms"], "shrink_ms": rec and rec["shrink_ms"],
-                        "rebuild_ms": rec and rec["rebuild_ms"], "bytes_moved": rec and rec["bytes_moved"]})
+                        "detection_ms": rec and _ms(rec["detection_s"]), "recover_ms": rec and _ms(rec["recover_s"]),
+                        "rebuild_ms": rec and _ms(rec["rebuild_s"]), "bytes_moved": rec and rec["bytes_moved"]})
     return out
 
 
@@ -156,7 +160,7 @@ def report(args, summary, accuracy, wall, events) -> None:
     repairs = mttr(events)
     for r in repairs:
         print(f"MTTR after killing rank {r['killed_rank']} at step {r['step']}: {r['mttr_s'] * 1e3:.1f} ms "
-              f"(detection {r['detection_ms']} ms, shrink {r['shrink_ms']} ms, rebuild {r['rebuild_ms']} ms)")
+              f"(detection {r['detection_ms']} ms, recover {r['recover_ms']} ms, rebuild {r['rebuild_ms']} ms)")
     print("SUMMARY " + json.dumps({"accuracy": accuracy, "steps": summary.steps, "world_size": summary.world_size,
                                    "failures": summary.failures, "redone_steps": summary.redone_steps,
                                    "mttr": repairs, "wall_s": round(wall, 3),

@@ -13,12 +13,22 @@ Quick use::
             comm = comm.recover()           # survivors only; retry the same step
 
 Run it with ``ftcomm-run -n 4 python script.py``.
+
+The package is layered, each layer calling only the ones below it (docs/DESIGN.md):
+``core`` (communicator, buffers, codes, fault injection), ``membership`` (world, spares,
+respawn, nodes), ``training`` (sharded optimizer, replicas, rebuild, elastic driver), ``torch``
+(the torch.distributed backend) and ``launch`` (``ftcomm-run``); ``errors`` and ``settings`` sit
+under all of them. This module re-exports the public names.
 """
-from . import _runtime  # noqa: F401  (loads MPI and the core; owns MPI_Finalize)
-from . import fault
-from ._C import ft_compiled_in, ft_enabled
-from .communicator import Communicator, world
-from .cuda import cuda_available, cuda_status  # issue #6: GPU buffers
+import sys
+
+from . import core  # noqa: F401  (loads MPI and the C++ core; owns MPI_Finalize)
+from . import membership  # noqa: F401  (registers the spares and respawn recovery policies)
+from .core import cuda, fault
+from .core.communicator import Communicator
+from .core.cuda import cuda_available, cuda_status
+from .core.events import RecoveryEvent
+from .core.runtime import ft_compiled_in, ft_enabled
 from .errors import (
     CollectiveTimeoutError,
     FtError,
@@ -29,19 +39,40 @@ from .errors import (
     StateLostError,
     UlfmUnavailableError,
 )
+from .membership.world import world
 
 __version__ = "0.1.0"
 
+# ``import ftcomm.cuda`` and ``import ftcomm.fault`` name the core's modules, as they always have.
+sys.modules[f"{__name__}.cuda"], sys.modules[f"{__name__}.fault"] = cuda, fault
+
 fault.load_from_env()
+
+# The training layer needs torch (an optional dependency): loaded on first use.
+_LAZY_MODULES = {"elastic": "ftcomm.training.elastic", "training": "ftcomm.training"}
+_LAZY_NAMES = {"ShardedOptimizer": "ftcomm.training.optimizer", "ElasticSampler": "ftcomm.training.data"}
+
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY_MODULES:
+        return importlib.import_module(_LAZY_MODULES[name])
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    raise AttributeError(f"module 'ftcomm' has no attribute {name!r}")
+
 
 __all__ = [
     "Communicator",
     "world",
     "ft_enabled",
     "ft_compiled_in",
+    "cuda",
     "cuda_available",
     "cuda_status",
     "fault",
+    "RecoveryEvent",
     "FtError",
     "ProcFailedError",
     "RevokedError",
@@ -50,22 +81,7 @@ __all__ = [
     "InvalidInputError",
     "MpiError",
     "StateLostError",
+    "ShardedOptimizer",
+    "ElasticSampler",
+    "elastic",
 ]
-
-# Issue #4: sharded optimizer with buddy replicas, elastic driver. Loaded on first use, because
-# they need torch (an optional dependency).
-_LAZY_MODULES = ("optim", "replica", "rebuild", "shard", "data", "elastic", "checkpoint")
-_LAZY_NAMES = {"ShardedOptimizer": "optim", "ElasticSampler": "data"}
-
-
-def __getattr__(name):
-    import importlib
-
-    if name in _LAZY_MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    if name in _LAZY_NAMES:
-        return getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
-    raise AttributeError(f"module 'ftcomm' has no attribute {name!r}")
-
-
-__all__ += ["ShardedOptimizer", "ElasticSampler"]

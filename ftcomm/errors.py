@@ -1,5 +1,8 @@
 """ftcomm's exceptions. Every collective either completes on all live ranks or raises one of these
-on all of them, with the same ``step`` and ``failed_ranks`` (see docs/SEMANTICS.md)."""
+on all of them, with the same ``step`` and ``failed_ranks`` (README, "Fault semantics").
+
+Every layer raises these, so they sit below all of them; the core's status codes are mapped to
+them in ``ftcomm.core.codes``."""
 from __future__ import annotations
 
 
@@ -56,20 +59,3 @@ class StateLostError(FtError):
     def __init__(self, message: str, lost_shards=(), step: int | None = None, failed_ranks=()):
         super().__init__(message, failed_ranks=failed_ranks, step=step)
         self.lost_shards = list(lost_shards)
-
-
-# Mirrors ftcomm::StatusCode in csrc/core/status.h.
-_BY_CODE = {
-    1: ProcFailedError,
-    2: RevokedError,
-    3: CollectiveTimeoutError,
-    4: UlfmUnavailableError,
-    5: InvalidInputError,
-    6: MpiError,
-}
-
-
-def from_status(code: int, message: str, failed_ranks, step: int) -> FtError:
-    """Builds the exception for a core status (called by the bindings)."""
-    cls = _BY_CODE.get(code, FtError)
-    return cls(message, failed_ranks=failed_ranks, step=None if step < 0 else step)

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 7): every protocol phase x every failure kind, plus cascades, at 4 ranks.
+"""The fault matrix: every protocol phase x every failure kind, plus cascades, at 4 ranks.
 
 Each cell is one ftcomm-run job (tests/jobs/matrix_*.py) under a hard timeout. The table says, per
 cell: outcome, detection ms (start of the failing phase to the exception, slowest survivor),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for issue #6: build ftcomm with CUDA, run tests/gpu, benchmark. Meant for one short
+# GPU check: build ftcomm with CUDA, run tests/gpu, benchmark. Meant for one short
 # run on a machine with one NVIDIA GPU (an H200 here), well under 8 minutes; every phase has its
 # own timeout and the script goes on after a failed phase, so one run reports everything.
 #
@@ -97,7 +97,7 @@ run test_staging_host 120 "${PYTEST[@]}" tests/gpu/test_staged_host_memory.py
 # 4. Benchmarks.
 run bench_kernel 120 "$PY" tests/gpu/bench_gpu.py kernel "$OUT/kernel_bench.json"
 for n in 2 4; do
-  run "bench_allreduce_n$n" 150 "$PY" -m ftcomm.run -n "$n" --timeout 140 "$PY" tests/gpu/bench_gpu.py allreduce "$OUT/allreduce_bench_n$n.json"
+  run "bench_allreduce_n$n" 150 "$PY" -m ftcomm.launch -n "$n" --timeout 140 "$PY" tests/gpu/bench_gpu.py allreduce "$OUT/allreduce_bench_n$n.json"
 done
 
 # 5. Summary.

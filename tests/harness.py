@@ -87,7 +87,7 @@ def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120
         full_env.pop(name, None)
     full_env.update({k: str(v) for k, v in (env or {}).items()})
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), full_env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "ftcomm.run", "-n", str(n), "--timeout", str(timeout), *launcher_args,
+    cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(n), "--timeout", str(timeout), *launcher_args,
            sys.executable, str(script), *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout + 30,
                           stdin=subprocess.DEVNULL)

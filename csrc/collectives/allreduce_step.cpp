@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
+#include "core/tags.h"
 #include "fault/injection.h"
 
 namespace ftcomm {
@@ -39,19 +41,6 @@ Scratch& StagingScratch() {
   return s;
 }
 
-const char* ProblemText(int code) {
-  switch (static_cast<InputProblem>(code)) {
-    case InputProblem::kNone: return "no problem";
-    case InputProblem::kNotContiguous: return "a buffer is not contiguous";
-    case InputProblem::kReadOnly: return "a buffer is read-only";
-    case InputProblem::kUnsupportedDType: return "a buffer has an unsupported dtype";
-    case InputProblem::kUnsupportedOp: return "the reduction op is not supported";
-    case InputProblem::kNotABuffer: return "an argument is not an array or tensor";
-    case InputProblem::kMixedDevices: return "host and device buffers are mixed in one step";
-  }
-  return "invalid input";
-}
-
 // Fields compared across ranks. Each is sent as (v, -v) under MPI_MAX, which yields the max and
 // the min in one small allreduce.
 constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
@@ -77,7 +66,7 @@ uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
 // several times a blocking allreduce.
 Status DisseminationMax(Communicator& comm, const int64_t* in, int64_t* out, int n,
                         const Deadline& deadline) {
-  constexpr int kTag = 7002;
+  constexpr int kTag = TagValue(Tag::kValidate);
   std::vector<int64_t> incoming(n);
   std::copy(in, in + n, out);
   const int size = comm.size(), rank = comm.rank();
@@ -115,7 +104,7 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
   if (opt.step <= comm.last_committed_step()) {
-    local[kProblem] = 100;  // a step that goes backwards
+    local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
   }
   int64_t send[2 * kFields], recv[2 * kFields];
@@ -129,13 +118,13 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   auto min_of = [&](int f) { return -recv[kFields + f]; };
 
   std::string why;
-  if (max_of(kProblem) == 100) {
+  if (max_of(kProblem) == static_cast<int64_t>(InputProblem::kStepNotAfterCommitted)) {
     why = "rank " + std::to_string(max_of(kProblemRank)) + " passed step " +
           std::to_string(min_of(kStep)) + ", which is not after the last committed step " +
           std::to_string(comm.last_committed_step()) + " (steps must increase)";
   } else if (max_of(kProblem) != 0) {
     why = "rank " + std::to_string(max_of(kProblemRank)) + " rejected its input: " +
-          ProblemText(static_cast<int>(max_of(kProblem)));
+          InputProblemText(static_cast<InputProblem>(max_of(kProblem)));
   } else if (min_of(kStep) != max_of(kStep)) {
     why = "ranks passed different step ids (from " + std::to_string(min_of(kStep)) + " to " +
           std::to_string(max_of(kStep)) + ")";
@@ -162,15 +151,9 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   return err;
 }
 
-// FTCOMM_PROFILE=1 prints each step's phase times (validate, ring, agree) to stderr: the tool
-// for telling protocol latency from ring bandwidth when tuning.
-bool ProfileEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("FTCOMM_PROFILE");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return enabled;
-}
+// FTCOMM_PROFILE=1 (CoreSettings::profile) prints each step's phase times (validate, ring,
+// agree) to stderr: the tool for telling protocol latency from ring bandwidth when tuning.
+bool ProfileEnabled() { return CurrentSettings().profile; }
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -219,6 +202,22 @@ Status Abort(Communicator& comm, std::vector<RingAllreduce>& rings, int agreed_f
 }
 
 }  // namespace
+
+const char* InputProblemText(InputProblem problem) {
+  switch (problem) {
+    case InputProblem::kNone: return "no problem";
+    case InputProblem::kNotContiguous: return "a buffer is not contiguous";
+    case InputProblem::kReadOnly: return "a buffer is read-only";
+    case InputProblem::kUnsupportedDType:
+      return "a buffer has an unsupported dtype (supported: float32, float64, float16, bfloat16, int32, int64)";
+    case InputProblem::kUnsupportedOp: return "the reduction op is not supported (supported: sum, avg, min, max, prod)";
+    case InputProblem::kNotABuffer: return "an argument is not an array or tensor (numpy, torch, CUDA array)";
+    case InputProblem::kMixedDevices:
+      return "host and device buffers are mixed in one step (or buffers on two devices, or CUDA unavailable)";
+    case InputProblem::kStepNotAfterCommitted: return "its step id is not after the last committed step";
+  }
+  return "invalid input";
+}
 
 Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
                          std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s) {

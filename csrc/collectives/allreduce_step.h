@@ -20,8 +20,9 @@
 
 namespace ftcomm {
 
-// Why a rank rejects its own input; carried in the validation message so every rank can name
-// the offending rank and reason. The values are mirrored by ftcomm/_errors.py.
+// Why a rank rejects its own input; carried in the validation round so that every rank can name
+// the offending rank and reason. Exported to Python as ftcomm._C.InputProblem; the highest value
+// any rank reports is the one every rank names.
 enum class InputProblem : int {
   kNone = 0,
   kNotContiguous = 1,
@@ -30,7 +31,11 @@ enum class InputProblem : int {
   kUnsupportedOp = 4,
   kNotABuffer = 5,
   kMixedDevices = 6,
+  kStepNotAfterCommitted = 7,  // found by the validation itself, not passed in
 };
+
+// What `problem` means, in words ("a buffer is not contiguous").
+const char* InputProblemText(InputProblem problem);
 
 struct AllreduceStepOptions {
   ReduceOp op = ReduceOp::kSum;

@@ -1,5 +1,5 @@
-// Element types and reduction operators understood by the core. The integer values are part of
-// the binding's interface (ftcomm/dtypes.py mirrors them).
+// Element types and reduction operators understood by the core. Exported to Python as
+// ftcomm._C.DType and ftcomm._C.ReduceOp (ftcomm/core/codes.py reads them from there).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,7 @@
 #include "collectives/reduce_kernels.h"
 
+#include "collectives/reduce_ops.h"
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -41,45 +43,7 @@ template <typename T> inline T Store(typename Arith<T>::type v) { return v; }
 template <> inline half_t Store<half_t>(float v) { return static_cast<half_t>(v); }
 template <> inline bf16_t Store<bf16_t>(float v) { return FloatToBF16(v); }
 
-// Integer sums and products wrap around (two's complement) instead of being undefined.
-template <typename A> inline A Add(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-  } else {
-    return a + b;
-  }
-}
-template <typename A> inline A Mul(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
-}
-// Min and max propagate NaN, as numpy's minimum and maximum do.
-template <typename A> inline A Min(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return b < a ? b : a;
-}
-template <typename A> inline A Max(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return a < b ? b : a;
-}
-
-template <ReduceOp Op, typename A> inline A Apply(A a, A b) {
-  if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) return Add(a, b);
-  if constexpr (Op == ReduceOp::kMin) return Min(a, b);
-  if constexpr (Op == ReduceOp::kMax) return Max(a, b);
-  if constexpr (Op == ReduceOp::kProd) return Mul(a, b);
-}
+using reduce_ops::Apply;
 
 template <typename T, ReduceOp Op>
 void ReduceLoop(const T* __restrict in, T* __restrict inout, size_t n) {

@@ -4,11 +4,12 @@
 #include <cstring>
 
 #include "collectives/reduce_kernels.h"
+#include "core/tags.h"
 #include "fault/injection.h"
 
 namespace ftcomm {
 namespace {
-constexpr int kRingTag = 7001;
+constexpr int kRingTag = TagValue(Tag::kRing);
 }
 
 RingAllreduce::RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp op,

@@ -43,7 +43,7 @@ class Communicator {
   // itself cannot be interrupted: past `timeout_s` the watchdog kills this rank.
   Status Shrink(double timeout_s, std::unique_ptr<Communicator>* out, std::vector<int>* old_to_new);
 
-  // MPI_Comm_split, then an agreement that confirms the new communicator (issue 8: a spare pool
+  // MPI_Comm_split, then an agreement that confirms the new communicator (used when a spare pool
   // splits into the active communicator, ranks ordered by `key`). `color` < 0 means
   // MPI_UNDEFINED: this rank joins no new communicator and `*out` stays null. Like shrink, the
   // split cannot be interrupted: past `timeout_s` the watchdog kills this rank.

@@ -1,6 +1,7 @@
 #include "core/liveness.h"
 
 #include "core/mpi_compat.h"
+#include "core/settings.h"
 
 #include <fcntl.h>
 #include <mpi.h>
@@ -85,20 +86,9 @@ int64_t StartTime(int64_t pid) {
   return value;
 }
 
-double EnvSeconds(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0') return fallback;
-  char* end = nullptr;
-  double x = std::strtod(v, &end);
-  return (end != v && x > 0) ? x : fallback;
-}
-
 }  // namespace
 
-double FenceTimeout() {
-  static const double value = EnvSeconds("FTCOMM_FENCE_TIMEOUT", EnvSeconds("FTCOMM_TIMEOUT", 60.0));
-  return value;
-}
+double FenceTimeout() { return CurrentSettings().fence_timeout_s; }
 
 // A C-level exit (exit(), or returning from main) while MPI is initialised and not finalised
 // leaves the job without telling MPI, and Open MPI 5.0.11 does not report such a process as
@@ -121,13 +111,13 @@ void Register() {
   static bool hooked = (std::atexit(ExitHook), true);
   (void)hooked;
   if (g_table != nullptr) return;
-  const char* dir = std::getenv("FTCOMM_RUN_DIR");
-  if (dir == nullptr || dir[0] == '\0') return;  // not under ftcomm-run: no fencing
+  const std::string dir = CurrentSettings().run_dir;
+  if (dir.empty()) return;  // not under ftcomm-run: no fencing
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  mkdir(dir, 0700);  // on another node the launcher's temporary directory does not exist
-  const std::string path = std::string(dir) + "/liveness.tbl";
+  mkdir(dir.c_str(), 0700);  // on another node the launcher's temporary directory does not exist
+  const std::string path = dir + "/liveness.tbl";
   int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
   if (fd < 0) return;
   const size_t bytes = static_cast<size_t>(size) * sizeof(Slot);

@@ -7,8 +7,8 @@
 // The heartbeat is refreshed whenever the rank is inside an ftcomm wait (each poll of a request or
 // an agreement, and by the watchdog thread while a non-interruptible MPI call runs). A rank that
 // waits on a communicator SIGKILLs every member on its own host whose heartbeat is older than the
-// fence timeout (FTCOMM_FENCE_TIMEOUT, default FTCOMM_TIMEOUT, default 60 s). ULFM then reports
-// an ordinary process failure and recovery proceeds. The killed rank cannot come back with stale
+// fence timeout (CoreSettings::fence_timeout_s: FTCOMM_FENCE_TIMEOUT, else FTCOMM_TIMEOUT, else
+// 60 s). ULFM then reports an ordinary process failure and recovery proceeds. The killed rank cannot come back with stale
 // state: it is dead. See docs/DESIGN.md, "Hangs and fencing".
 #pragma once
 
@@ -18,7 +18,7 @@ namespace ftcomm {
 namespace liveness {
 
 // Publishes this process's slot (pid, start time, host, heartbeat). Idempotent; a no-op without
-// FTCOMM_RUN_DIR. Needs MPI initialised (reads the MPI_COMM_WORLD rank and size).
+// a run directory (CoreSettings::run_dir, from FTCOMM_RUN_DIR). Needs MPI initialised (reads the MPI_COMM_WORLD rank and size).
 void Register();
 
 // Refreshes this rank's heartbeat (a relaxed store into shared memory; cheap enough to call on
@@ -28,8 +28,7 @@ void Beat();
 // Marks this rank as finishing (clean shutdown): nobody fences it any more.
 void MarkExiting();
 
-// Seconds of silence after which a waiting peer fences a rank (FTCOMM_FENCE_TIMEOUT, else
-// FTCOMM_TIMEOUT, else 60).
+// Seconds of silence after which a waiting peer fences a rank (CoreSettings::fence_timeout_s).
 double FenceTimeout();
 
 // SIGKILLs every rank of `world_ranks` (MPI_COMM_WORLD numbering) that runs on this host, is not

@@ -5,8 +5,8 @@
 // `head` elements (up to the next 16-byte boundary of inout) and the last few (less than one
 // vector) go through scalar code, the body through 16-byte vector loads and stores, kUnroll
 // vectors per thread per iteration of a grid-stride loop. Otherwise every element is scalar.
-// Arithmetic matches csrc/collectives/reduce_kernels.cpp (the host kernels): fp16/bf16 widened
-// to float32 and rounded back to nearest even, NaN-propagating min/max, wrapping integers.
+// The operators are the host kernels' own (collectives/reduce_ops.h): fp16/bf16 widened to
+// float32 and rounded back to nearest even, NaN-propagating min/max, wrapping integers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "collectives/reduce_ops.h"
 #include "cuda/check.cuh"
 #include "cuda/reduce_cuda.h"
 
@@ -40,43 +41,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 Store<__nv_bfloat16>(float 
   return __float2bfloat16_rn(v);
 }
 
-template <typename A> __device__ __forceinline__ A Add(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-  } else {
-    return a + b;
-  }
-}
-template <typename A> __device__ __forceinline__ A Mul(A a, A b) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
-}
-template <typename A> __device__ __forceinline__ A Min(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return b < a ? b : a;
-}
-template <typename A> __device__ __forceinline__ A Max(A a, A b) {
-  if constexpr (std::is_floating_point_v<A>) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return a < b ? b : a;
-}
-
-template <ReduceOp Op, typename A> __device__ __forceinline__ A Apply(A a, A b) {
-  if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) return Add(a, b);
-  if constexpr (Op == ReduceOp::kMin) return Min(a, b);
-  if constexpr (Op == ReduceOp::kMax) return Max(a, b);
-  if constexpr (Op == ReduceOp::kProd) return Mul(a, b);
-}
+using reduce_ops::Apply;
 
 template <typename T, ReduceOp Op>
 __device__ __forceinline__ T Combine(T in, T inout) {

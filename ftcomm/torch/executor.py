@@ -10,9 +10,10 @@ thread instead (for debugging).
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
+
+from .. import settings
 
 
 class Executor:
@@ -65,7 +66,7 @@ class Executor:
                     self._cond.notify_all()
 
 
-EXECUTOR = Executor(inline=os.environ.get("FTCOMM_TORCH_ASYNC", "1") == "0")
+EXECUTOR = Executor(inline=not settings.torch_async())
 
 
 @atexit.register

@@ -30,10 +30,12 @@ import time
 import numpy as np
 import torch
 
-from .. import _C, fault
+from .. import settings
+from ..core import fault, liveness
 from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError, RevokedError,
                       StateLostError)
-from .recovery import note_handover
+from .rendezvous import newcomer_started
+from .step_state import note_handover
 
 log = logging.getLogger("ftcomm.recovery")
 
@@ -50,15 +52,12 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         CollectiveTimeoutError: a newcomer did not arrive within FTCOMM_JOIN_TIMEOUT plus twice
             the fence timeout, and could not be fenced (another host).
     """
-    from .. import config
-    from .rendezvous import newcomer_started
-
     newcomer_started()
     # A newcomer beats for FTCOMM_JOIN_TIMEOUT from its promotion; one still not here after that
     # falls silent and is fenced like a hung rank (then replaced, or the group shrinks), which
     # this deadline leaves time for. Only where fencing cannot reach it (another host) does the
     # deadline end the hand-over with an error.
-    timeout = config.join_timeout() + 2 * max(_C.fence_timeout(), pg.timeout)
+    timeout = settings.join_timeout() + 2 * max(liveness.fence_timeout(), pg.timeout)
     t0 = time.perf_counter()
     while True:
         comm = pg.begin_handshake()

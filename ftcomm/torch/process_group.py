@@ -17,7 +17,7 @@ reduce_scatter, reduce_scatter_tensor       allreduce of a copy of the input, th
 barrier                                     ``Communicator.barrier`` + ``agree``             --
 ==========================================  ==============================================  ==============================
 
-Ops: sum, avg, min, max, product. Failure handling (see ``recovery.py``): every survivor sees a
+Ops: sum, avg, min, max, product. Failure handling (see ``loader.py``): every survivor sees a
 failure at the same collective (allreduce's commit protocol; the other collectives end with a
 ULFM agreement on their outcome), rebuilds the communicator over the survivors, and then either
 redoes the collective on the survivors (inside ``ftcomm.torch.resilient``) or fails its Work with
@@ -31,11 +31,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import config
+from .. import settings
+from ..core.events import between
+from ..core.outcome import agreed, retrying
 from ..errors import FtError, ProcFailedError, RevokedError
-from . import staging
+from ..membership import spares
 from .executor import EXECUTOR
-from .recovery import RecoveryEvent, join_ready, note_recovery
+from .step_state import join_ready, note_recovery
 from .work import FtWork, completed_work, make_future
 
 BACKEND_NAME = "ftcomm"
@@ -67,13 +69,26 @@ def _reduce_op(opts, collective: str) -> str:
         "(supported: SUM, AVG, MIN, MAX, PRODUCT)")
 
 
+SUPPORTED_DEVICES = ("cpu",)
+
+
+def _check_devices(tensors, collective: str) -> None:
+    """Raises NotImplementedError for a tensor on a device the backend cannot reduce."""
+    for t in tensors:
+        if t.device.type not in SUPPORTED_DEVICES:
+            raise NotImplementedError(
+                f"ftcomm backend: {collective} on {t.device.type} tensors is not supported yet "
+                f"(supported devices: {', '.join(SUPPORTED_DEVICES)})")
+
+
 def _byte_view(t: torch.Tensor):
     """A uint8 numpy view of a contiguous CPU tensor's memory (any dtype; shares memory)."""
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
 class _ShapeChanged(ProcFailedError):
-    """A collective whose shapes depend on the world size cannot be redone after a shrink."""
+    """A collective whose shapes depend on the world size cannot be redone after a shrink. Raised
+    alike on every rank before any communication, so it needs no agreement."""
 
 
 class ProcessGroupFtcomm(dist.ProcessGroup):
@@ -91,7 +106,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     With spare ranks (``ftcomm-run --spares S``; docs/TORCH.md "Spares") a failure inside a
     resilient step promotes a spare into each failed rank's place: the survivors finish the voided
     step on a communicator of their own (``_interim``) and hand their state to the newcomer at the
-    end of the step (``ftcomm/torch/join.py``); a newcomer's group completes the collectives of
+    end of the step (``join.py``); a newcomer's group completes the collectives of
     DDP's constructor locally (``joining``) until that hand-over.
 
     Attributes:
@@ -107,7 +122,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         super().__init__(comm.rank, comm.size)
         self._comm = comm
         self._interim = None  # the survivors' communicator for the rest of a voided step
-        self._timeout = config.default_timeout() if timeout is None else float(timeout)
+        self._timeout = settings.default_timeout() if timeout is None else float(timeout)
         self.generation = 0
         self.policy = policy
         self.joining = joining
@@ -141,7 +156,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     def _submit(self, name: str, result: list, fn, uniform: bool, local=None) -> FtWork:
         if self.joining:
             return self._complete_locally(name, result, local)
-        fut = make_future(staging.future_devices(result))
+        fut = make_future()
         work = FtWork(fut, name)
 
         def run():
@@ -170,16 +185,17 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return completed_work(result, name)
 
     def _run(self, name: str, fn, uniform: bool) -> None:
-        while True:
+        """Runs the collective; after a failure, recovers and runs it again on the new
+        communicator (inside a resilient step), or raises (outside one)."""
+
+        def recover_or_raise(error) -> None:
             comm = self.comm
-            try:
-                self._attempt(comm, name, fn, uniform)
-                return
-            except (ProcFailedError, RevokedError) as exc:
-                if isinstance(exc, _ShapeChanged) or not comm.ft_enabled:
-                    raise
-                if not self._recover(comm, name, exc):
-                    raise
+            if isinstance(error, _ShapeChanged) or not comm.ft_enabled or not self._recover(comm, name, error):
+                raise error
+
+        for attempt in retrying(None, on_failure=recover_or_raise):
+            with attempt:
+                self._attempt(self.comm, name, fn, uniform)
 
     def _attempt(self, comm, name: str, fn, uniform: bool) -> None:
         if uniform or not comm.ft_enabled:
@@ -187,15 +203,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             return
         # Collectives built on point-to-point have a local outcome: agree on it, so that every
         # survivor either succeeds or fails (and recovers) at this same collective.
-        ok, err = 1, None
-        try:
+        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError), keep=(_ShapeChanged,)):
             fn(comm)
-        except (ProcFailedError, RevokedError) as exc:
-            ok, err = 0, exc
-        if comm.agree(ok, timeout=self._timeout) != 1:
-            if err is None:
-                err = ProcFailedError(f"{name}: a peer failed during the collective")
-            raise err
 
     def _recover(self, comm, name: str, exc: FtError) -> bool:
         """Rebuilds the communicator after ``comm`` failed. Returns True when the failed
@@ -212,11 +221,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 self._comm, self._interim = new, interim
                 self.generation += 1
         _sync_torch_rank_table(self)
-        recovery = new.recovery or {}
-        event = RecoveryEvent(lost_world_ranks=sorted(set(comm.world_ranks) - set(new.world_ranks)),
-                              old_size=comm.size, new_size=new.size, collective=name, step=exc.step,
-                              recover_s=time.perf_counter() - t0, policy=recovery.get("policy", "shrink"),
-                              promoted=list(recovery.get("promoted", [])))
+        done = new.recovery
+        event = between(comm, new, where=name, step=exc.step, error=type(exc).__name__,
+                        recover_s=time.perf_counter() - t0, policy=done.policy if done else "shrink",
+                        fallback=done.fallback if done else None, promoted=list(done.promoted) if done else [])
         if self._in_handshake:  # join.py starts its hand-over again; no step is voided
             note_recovery(event, redo=False)
             return False
@@ -226,8 +234,6 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         """(the group's new communicator, the survivors' communicator for the rest of the voided
         step or None). Spares are used only where a newcomer can be handed the state: inside a
         resilient loop set up for it (model, optimizer, epochs) or in the hand-over itself."""
-        from .. import spares
-
         pool = spares.pool()
         use_spares = (self.policy == "spares" and pool is not None and pool.idle_spares
                       and (self._in_handshake or join_ready()))
@@ -235,19 +241,19 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             return comm.recover(timeout=self._timeout, policy="shrink"), None
         if self._in_handshake:
             new = comm.recover(timeout=self._timeout, policy="spares")
-            self.awaiting_join = self.awaiting_join or bool(new.recovery.get("promoted"))
+            self.awaiting_join = self.awaiting_join or bool(new.recovery.promoted)
             return new, None
         # The voided step's remaining collectives (DDP's other buckets, the user's own) must not
         # wait for a newcomer that is still starting: the survivors run them among themselves.
-        survivors = comm._shrink_to_survivors(self._timeout)
+        survivors = comm.shrink_to_survivors(self._timeout)
         new = comm.recover(timeout=self._timeout, policy="spares")
-        if not new.recovery.get("promoted"):
+        if not new.recovery.promoted:
             return new, None  # no spare came after all (logged): a plain shrink
         self.awaiting_join = True
         return new, survivors
 
     def begin_handshake(self):
-        """join.py: the survivors leave their own communicator and every member of the group
+        """``join.py``: the survivors leave their own communicator and every member of the group
         communicates for real again. Returns the group's communicator."""
         with self._lock:
             self._interim = None
@@ -262,7 +268,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         _sync_torch_rank_table(self)  # back to the full size after the survivors' own communicator
 
     def recover_in_handshake(self, comm, exc: FtError) -> None:
-        """join.py: a failure during the hand-over; rebuild (spares first) unless a collective of
+        """``join.py``: a failure during the hand-over; rebuild (spares first) unless a collective of
         this group already did."""
         if self._comm is comm:
             self._recover(comm, "join", exc)
@@ -286,12 +292,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     def _allreduce_bucket(self, name: str, tensors, opts) -> FtWork:
         op = _reduce_op(opts, name)
         tensors = list(tensors)
-        staging.check_devices(tensors, name)
-        host, finish = staging.stage(tensors)
+        _check_devices(tensors, name)
 
         def fn(comm):
-            comm.allreduce(host, op=op, timeout=self._timeout)
-            finish()
+            comm.allreduce(tensors, op=op, timeout=self._timeout)
 
         return self._submit(name, tensors, fn, uniform=True)
 
@@ -299,7 +303,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         """Broadcast of each tensor from ``opts.rootRank``, in place, any dtype. If the root dies
         inside a resilient step, the survivors take new rank 0's tensors (the step is redone)."""
         tensors = list(tensors)
-        staging.check_devices(tensors, "broadcast")
+        _check_devices(tensors, "broadcast")
         root = 0 if opts is None else int(opts.rootRank)
         comm0 = self.comm
         if not 0 <= root < comm0.size:
@@ -324,7 +328,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         the input's size). Ring allgather through one staging buffer per input."""
         outs = [list(o) for o in output_tensors]
         ins = list(input_tensors)
-        staging.check_devices(ins + [t for o in outs for t in o], "allgather")
+        _check_devices(ins + [t for o in outs for t in o], "allgather")
         if len(outs) != len(ins):
             raise ValueError("allgather: need one output list per input tensor")
         if any(len(o) != self.comm.size for o in outs):
@@ -354,7 +358,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         """``output`` (size x input's elements, contiguous) receives every rank's ``input`` in
         rank order (``dist.all_gather_into_tensor``). No staging copy when ``output`` is
         contiguous."""
-        staging.check_devices([output, input], "all_gather_into_tensor")
+        _check_devices([output, input], "all_gather_into_tensor")
         if output.numel() != self.comm.size * input.numel():
             raise ValueError(f"all_gather_into_tensor: output must hold {self.comm.size} x "
                              f"{input.numel()} elements, it holds {output.numel()}")
@@ -386,7 +390,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         op = _reduce_op(opts, "reduce_scatter")
         outs = list(output_tensors)
         ins = [list(x) for x in input_tensors]
-        staging.check_devices(outs + [t for x in ins for t in x], "reduce_scatter")
+        _check_devices(outs + [t for x in ins for t in x], "reduce_scatter")
         if len(outs) != len(ins):
             raise ValueError("reduce_scatter: need one input list per output tensor")
         if any(len(x) != self.comm.size for x in ins):
@@ -410,7 +414,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         ranks of ``input`` (size x that many elements; ``dist.reduce_scatter_tensor``). Same cost
         as ``reduce_scatter``."""
         op = _reduce_op(opts, "reduce_scatter_tensor")
-        staging.check_devices([output, input], "reduce_scatter_tensor")
+        _check_devices([output, input], "reduce_scatter_tensor")
         if input.numel() != self.comm.size * output.numel():
             raise ValueError(f"reduce_scatter_tensor: input must hold {self.comm.size} x "
                              f"{output.numel()} elements, it holds {input.numel()}")

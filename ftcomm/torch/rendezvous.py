@@ -22,6 +22,11 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
+
+from .. import settings
+from ..core import liveness
+from ..membership.world import world
 
 _active: list = []         # under spares: the active Communicator from ftcomm.world(), for the factory
 _private_store: list = []  # a promoted spare's own TCP store (kept alive with the process)
@@ -89,9 +94,7 @@ def enter_spare_pool() -> None:
     reaches as a client even as rank 0 (TORCHELASTIC_USE_AGENT_STORE=True)."""
     import torch.distributed as dist
 
-    import ftcomm
-
-    comm = ftcomm.world()
+    comm = world()
     _active[:] = [comm]
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(comm.rank), str(comm.size)
     if comm.promoted:
@@ -109,18 +112,13 @@ def _beat_while_starting() -> None:
     heartbeat, and survivors waiting in the hand-over would fence it after FTCOMM_TIMEOUT. It
     beats from here until the hand-over starts, for at most FTCOMM_JOIN_TIMEOUT (the survivors'
     deadline there), so a set-up that hangs still ends."""
-    import time
-
-    from .. import _C
-    from .. import config
-
-    end = time.monotonic() + config.join_timeout()
+    end = time.monotonic() + settings.join_timeout()
     while not _starting.wait(0.25) and time.monotonic() < end:
-        _C.liveness_beat()
+        liveness.beat()
 
 
 def newcomer_started() -> None:
-    """join.py: the hand-over has begun; this rank's waits beat from now on."""
+    """``join.py``: the hand-over has begun; this rank's waits beat from now on."""
     _starting.set()
 
 

@@ -1,4 +1,4 @@
-"""Issue 3's fault cases: a rank killed at each injection point of the allreduce. Every survivor
+"""The allreduce's fault cases: a rank killed at each injection point of the allreduce. Every survivor
 raises the same error (same step, same failed ranks), its buffer bitwise unchanged; the retry
 after recover() equals the reference over the survivors, bitwise identical on every survivor;
 a replay of the committed step is a no-op."""

@@ -1,4 +1,4 @@
-"""Issue 7: the fault matrix. A representative set of cells of scripts/fault_matrix.py (every
+"""The fault matrix. A representative set of cells of scripts/fault_matrix.py (every
 allreduce point and every training point at least once, every kind at least twice, the cascades),
 each its own 4-rank job under a hard timeout; the script runs the full matrix. Each cell checks:
 the exit status of ftcomm-run (recovered = --recovered-exit-code), the same error on every

@@ -1,4 +1,4 @@
-"""Issue 4: in-memory buddy replicas. Each test runs a 4-rank job (tests/jobs/replication_snapshot.py)
+"""In-memory buddy replicas. Each test runs a 4-rank job (tests/jobs/replication_snapshot.py)
 under a hard timeout, kills ranks with FTCOMM_FAULT, and checks that the state rebuilt from owners
 and replicas is bitwise equal to the full state gathered at the last committed step."""
 import pytest

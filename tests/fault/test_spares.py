@@ -1,4 +1,4 @@
-"""Issue 8: recovery back to the full world size with spare ranks (and respawn, where it works).
+"""Recovery back to the full world size with spare ranks (and respawn, where it works).
 
 4 active ranks plus spares under ftcomm-run --spares S. After a kill the world is back to 4, every
 survivor keeps its rank, and the state on every rank, the promoted spare included, is bitwise the

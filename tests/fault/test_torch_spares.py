@@ -1,4 +1,4 @@
-"""Spare ranks with the torch backend (issue 8): ``ftcomm-run --spares S`` and a DDP loop written
+"""Spare ranks with the torch backend: ``ftcomm-run --spares S`` and a DDP loop written
 ``resilient(loader, model=, optimizer=)`` + ``loader.epochs(E)``. A rank killed in a gradient
 allreduce is replaced by a spare: the world size stays 4, every survivor keeps its rank, the
 newcomer takes the dead rank's rank and samples and gets the survivors' state bitwise, and the

@@ -1,4 +1,4 @@
-"""Issue 2's kill scenarios at 4 ranks: every survivor sees ProcFailedError or RevokedError
+"""ULFM kill scenarios at 4 ranks: every survivor sees ProcFailedError or RevokedError
 within 5 s, shrink gives 4 - k consecutive ranks, agree returns the AND of the survivors' flags,
 and a collective on the shrunk communicator is right."""
 import os

@@ -9,7 +9,8 @@ from gpu_env import JOB_ENV, JOBS, KILL_IN_ALLGATHER, assert_recovered_from_kill
 from fake_cuda import FakeCudaArray
 from harness import run_job
 
-from ftcomm import _buffers
+from ftcomm.core import buffers
+from ftcomm.core.codes import InputProblem
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -38,18 +39,18 @@ def test_describe_routes_device_buffers():
     try:
         a = FakeCudaArray(np.arange(10, dtype=np.float32), stream=2)
         b = FakeCudaArray(np.arange(3, dtype=np.int64))
-        d = _buffers.describe([a, b])
-        assert d.problem == _buffers.NONE and d.device == -1
+        d = buffers.describe([a, b])
+        assert d.problem == InputProblem.NONE and d.device == -1
         assert d.triples == [(a.host.ctypes.data, 10, 0, 2), (b.host.ctypes.data, 3, 5, 0)]
-        mixed = _buffers.describe([a, np.ones(3, np.float32)])
-        assert mixed.problem == _buffers.MIXED_DEVICES and mixed.triples == []
+        mixed = buffers.describe([a, np.ones(3, np.float32)])
+        assert mixed.problem == InputProblem.MIXED_DEVICES and mixed.triples == []
         assert "buffer 1" in mixed.detail and "host memory" in mixed.detail
-        ro = _buffers.describe(FakeCudaArray(np.ones(4, np.float32), readonly=True))
-        assert ro.problem == _buffers.READ_ONLY
-        u8 = _buffers.describe(FakeCudaArray(np.ones(4, np.uint8)))
-        assert u8.problem == _buffers.UNSUPPORTED_DTYPE
-        host = _buffers.describe(np.ones(3, np.float32))
-        assert host.device is None and host.problem == _buffers.NONE
+        ro = buffers.describe(FakeCudaArray(np.ones(4, np.float32), readonly=True))
+        assert ro.problem == InputProblem.READ_ONLY
+        u8 = buffers.describe(FakeCudaArray(np.ones(4, np.uint8)))
+        assert u8.problem == InputProblem.UNSUPPORTED_DTYPE
+        host = buffers.describe(np.ones(3, np.float32))
+        assert host.device is None and host.problem == InputProblem.NONE
     finally:
         fcuda._use_host_memory_for_tests(False)
 
@@ -58,8 +59,8 @@ def test_describe_routes_device_buffers():
 def test_without_cuda_device_buffers_are_a_clear_error():
     assert fcuda.cuda_available() is False
     assert fcuda.cuda_status()  # says why
-    d = _buffers.describe(FakeCudaArray(np.ones(4, np.float32)))
-    assert d.problem == _buffers.MIXED_DEVICES
+    d = buffers.describe(FakeCudaArray(np.ones(4, np.float32)))
+    assert d.problem == InputProblem.MIXED_DEVICES
     assert "CUDA is unavailable" in d.detail
     with pytest.raises(RuntimeError, match="CUDA|cuda"):
         fcuda.DeviceArray(4)

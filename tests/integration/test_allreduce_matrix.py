@@ -1,4 +1,4 @@
-"""Issue 3's correctness matrix: at 2, 3 and 4 ranks, every dtype x op and the odd lengths
+"""The allreduce's correctness matrix: at 2, 3 and 4 ranks, every dtype x op and the odd lengths
 (0, 1, N-1, N+1, a prime, 64 MiB + 3 elements): exact against numpy for integer-valued inputs
 (within the dtype's tolerance for avg and non-integer floats), bitwise identical on every rank."""
 import pytest

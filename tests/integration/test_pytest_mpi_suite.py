@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pytest_mpi_suite_passes_at_4_ranks():
-    cmd = [sys.executable, "-m", "ftcomm.run", "-n", "4", "--timeout", "300",
+    cmd = [sys.executable, "-m", "ftcomm.launch", "-n", "4", "--timeout", "300",
            sys.executable, "-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "tests/mpi"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330,
                           stdin=subprocess.DEVNULL, env=dict(os.environ))

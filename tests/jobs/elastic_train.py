@@ -5,7 +5,6 @@ Reports: "used" (per committed step), "recovered" (per recovery), "state_lost", 
 """
 import argparse
 
-import numpy as np
 import torch
 
 import ftcomm

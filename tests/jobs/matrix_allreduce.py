@@ -1,4 +1,4 @@
-"""Fault-matrix job (issue 7): a few allreduce steps whose results are accumulated, with ranks
+"""Fault-matrix job: a few allreduce steps whose results are accumulated, with ranks
 failing at injected points (FTCOMM_FAULT, any kind). A failed step is redone after recover().
 
 Every survivor reports: each error (type, step, failed world ranks, buffer unchanged, detection ms =

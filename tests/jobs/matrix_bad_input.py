@@ -1,4 +1,4 @@
-"""Fault-matrix job (issue 7): bad input on every public call, at 4 ranks. For each case every
+"""Fault-matrix job: bad input on every public call, at 4 ranks. For each case every
 rank reports the exception it raised (type and message; None if none), so the test can check that
 all ranks raised the same error. At the end: the communicator still works, the ledger moved on
 only with committed steps, and a committed buffer was never touched by a rejected call.

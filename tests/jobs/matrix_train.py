@@ -1,4 +1,4 @@
-"""Fault-matrix job (issue 7): the elastic driver (ShardedOptimizer, buddy replicas) with ranks
+"""Fault-matrix job: the elastic driver (ShardedOptimizer, buddy replicas) with ranks
 failing at the training layer's points (train_step, shard_update, replicate, shrink, rebuild) with
 any kind (FTCOMM_FAULT). After every committed step all ranks gather the full state (snapshot);
 after every recovery the rebuilt state is compared bitwise with the snapshot of the last committed
@@ -48,8 +48,8 @@ def on_commit(state, step, stats):
 def on_recover(state, event):
     rebuilt = opt.gather_state()
     report(event="recovered", step=event["step"], snap_step=snap["step"], size=state.comm.size,
-           failed=event["failed_ranks"], detection_ms=event["detection_ms"],
-           recovery_ms=round(event["shrink_ms"] + event["rebuild_ms"] + event["agree_ms"], 1),
+           failed=event["lost_world_ranks"], detection_ms=round(event["detection_s"] * 1e3, 3),
+           recovery_ms=round((event["recover_s"] + event["rebuild_s"] + event["agree_s"]) * 1e3, 1),
            disk_restore=event["disk_restore"],
            equal=all(np.array_equal(rebuilt[k], snap["state"][k]) for k in snap["state"]),
            params_equal=bool(np.array_equal(opt.flat[: opt.numel], snap["flat"])))
@@ -64,5 +64,5 @@ except ftcomm.StateLostError as lost:
     raise SystemExit(0)
 final = opt.gather_state()
 report(event="done", steps=summary.steps, failures=summary.failures, redone=summary.redone_steps,
-       size=summary.world_size, param_crc=int(ftcomm.replica.checksum(final["param"])),
+       size=summary.world_size, param_crc=int(ftcomm.training.replica.checksum(final["param"])),
        finite=bool(np.isfinite(final["param"]).all()))

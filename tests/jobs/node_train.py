@@ -21,7 +21,9 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import ftcomm
-from ftcomm import elastic, nodes, shard
+from ftcomm import elastic
+from ftcomm.membership import nodes
+from ftcomm.training.buddies import buddies
 from harness import cross_entropy_backward, report
 
 p = argparse.ArgumentParser()
@@ -42,16 +44,16 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.L
 comm = ftcomm.Communicator()
 opt = ftcomm.ShardedOptimizer(model.parameters(), comm, optimizer="adamw", lr=5e-3, replicas=args.replicas,
                               weight_decay=1e-4)
-node_of = {w: shard.nodes_of([w])[0] for w in comm.world_ranks} if nodes.enabled() else {}
+node_of = {w: nodes.nodes_of([w])[0] for w in comm.world_ranks} if ftcomm.settings.node_aware() else {}
 # pids (and the daemon = parent pid) of every rank, exchanged while nobody has failed
 pids = np.zeros((comm.size, 2), np.int64)
 pids[comm.rank] = (os.getpid(), os.getppid())
 comm.allreduce(pids, op="sum", step=0)  # step 0; the optimizer's training steps start at 1
 pid_of = {w: (int(pids[i, 0]), int(pids[i, 1])) for i, w in enumerate(comm.world_ranks)}
 if comm.rank == 0:
-    lay_nodes = shard.nodes_of(comm.world_ranks)
+    lay_nodes = nodes.nodes_of(comm.world_ranks)
     report(event="placement", nodes=node_of,
-           buddies={r: shard.buddies(r, comm.size, args.replicas, lay_nodes) for r in range(comm.size)})
+           buddies={r: buddies(r, comm.size, args.replicas, lay_nodes) for r in range(comm.size)})
 
 victims, kill_step, killer = [], None, None
 if args.kill_node:

@@ -81,4 +81,4 @@ while opt.step_id < args.steps:
 
 final, _ = snapshot()
 report(event="done", step=opt.step_id, size=opt.comm.size, recoveries=recoveries,
-       param_crc=int(ftcomm.replica.checksum(final["param"])))
+       param_crc=int(ftcomm.training.replica.checksum(final["param"])))

@@ -1,4 +1,4 @@
-"""Job for issue 8 at the communicator level: committed allreduce steps 1..STEPS, rank r
+"""Job for spares at the communicator level: committed allreduce steps 1..STEPS, rank r
 contributing (r + 1) * step, so a full world of n ranks sums to n (n + 1) / 2 * step whoever holds
 each rank. After a failure: recover(policy=POLICY) and redo the step; a promoted newcomer starts
 at the interrupted step (its ledger says which). Victims come from FTCOMM_FAULT.
@@ -23,7 +23,7 @@ while step <= steps:
         comm.allreduce(buf, step=step, timeout=30)
     except (ftcomm.ProcFailedError, ftcomm.RevokedError):
         comm = comm.recover(timeout=30, policy=policy)
-        recoveries.append({k: v for k, v in (comm.recovery or {}).items() if k != "new_rank_of_member"})
+        recoveries.append(comm.recovery.as_dict())
         continue
     assert np.all(buf == buf[0]), "allreduce result not uniform"
     results[step] = float(buf[0])

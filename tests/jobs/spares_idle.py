@@ -1,4 +1,4 @@
-"""Job for issue 8: the CPU an idle spare burns. Rank 0 reads the spare's pid from ftcomm-run's
+"""Job: the CPU an idle spare burns. Rank 0 reads the spare's pid from ftcomm-run's
 run directory and its CPU time (utime + stime in /proc/PID/stat) before and after 3 s of
 waiting, and reports the fraction of one core the spare used. With "stop", rank 0 then SIGSTOPs
 the spare: the job must still end by itself. Launch with --spares 1."""

@@ -1,4 +1,4 @@
-"""Job for issue 8: the elastic driver with a recovery policy (shrink, spares or respawn). After
+"""Job: the elastic driver with a recovery policy (shrink, spares or respawn). After
 every committed step every rank reports digests of the full committed state (gather_state), of
 the parameters, of its RNG state and its data position; after every recovery (on a newcomer:
 after it joined) the same digests of the rebuilt state, and the survivors say whether it is

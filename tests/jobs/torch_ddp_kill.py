@@ -56,5 +56,5 @@ digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.par
 report(kind="final", size=dist.get_world_size(), rank=dist.get_rank(), applied=batches.steps_applied,
        redone=batches.steps_redone, accuracy=accuracy, params=digest, avg_err=avg_err,
        sampler=[sampler.rank, sampler.num_replicas],
-       recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.collective, e.step)
+       recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.where, e.step)
                    for e in ftcomm.torch.recoveries()])

@@ -1,4 +1,4 @@
-"""Job for the ULFM kill scenarios (issue 2): the victims SIGKILL themselves after a first
+"""Job for the ULFM kill scenarios: the victims SIGKILL themselves after a first
 barrier; survivors must see the failure in a barrier, shrink, agree and reduce again.
 
 Usage: ulfm_kill.py VICTIM[,VICTIM...]

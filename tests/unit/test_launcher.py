@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from ftcomm import run
+from ftcomm.launch import command, reports, run
 
 
 def dry_run(capsys, *argv):
@@ -39,7 +39,7 @@ def test_mpich_uses_hydra_without_auto_cleanup(capsys, tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setattr(run, "find_launcher", lambda mpi: str(fake))
+    monkeypatch.setattr(command, "find_launcher", lambda mpi: str(fake))
     cmd = dry_run(capsys, "-n", "2", "--mpi", "mpich", "prog")
     assert "-disable-auto-cleanup" in cmd
     assert cmd[cmd.index("-genv") + 1:cmd.index("-genv") + 3] == ["MPIR_CVAR_ENABLE_FT", "1"]
@@ -56,13 +56,13 @@ def test_mca_file_parser_rejects_garbage(tmp_path):
     f = tmp_path / "x.conf"
     f.write_text("# comment\npml = ob1\nnot a setting\n")
     with pytest.raises(ValueError, match="x.conf:3"):
-        run.read_mca_file(f)
+        command.read_settings_file(f)
 
 
 def test_summary_counts_lost_ranks(tmp_path):
     (tmp_path / "rank0.json").write_text('{"world_rank": 0, "pid": 1, "lost": [2]}')
     (tmp_path / "rank1.json").write_text('{"world_rank": 1, "pid": 2, "lost": [2]}')
-    assert run.summarize(str(tmp_path), 4) == ([0, 1], [2, 3])
+    assert reports.summarize(str(tmp_path), 4) == ([0, 1], [2, 3])
 
 
 def test_spares_add_processes_and_tell_the_ranks(capsys, monkeypatch):

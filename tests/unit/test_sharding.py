@@ -1,14 +1,15 @@
-"""Unit tests of the pieces of issue 4 that need no MPI job: shard layout, re-shard plans, buddy
+"""Unit tests of the training state's pieces that need no MPI job: shard layout, re-shard plans, buddy
 placement, replica headers and checksums, the update rules against torch.optim, the sampler."""
 import numpy as np
 import pytest
 import torch
 
-from ftcomm.data import ElasticSampler
-from ftcomm.optim import SGD, AdamW
-from ftcomm.rebuild import choose_sources
-from ftcomm.replica import HEADER_BYTES, Replica, ReplicaStore, decode_header, encode_header
-from ftcomm.shard import ShardLayout, buddies, holders, reshard_plan, wards
+from ftcomm.training.data import ElasticSampler
+from ftcomm.training.rules import SGD, AdamW
+from ftcomm.training.rebuild import choose_sources
+from ftcomm.training.replica import HEADER_BYTES, Replica, ReplicaStore, decode_header, encode_header
+from ftcomm.training.buddies import buddies, holders, wards
+from ftcomm.training.layout import ShardLayout, reshard_plan
 
 
 @pytest.mark.parametrize("numel,size", [(10, 4), (2410, 3), (7, 8), (1, 1), (100, 4)])
@@ -124,7 +125,7 @@ def test_sampler_resplit_after_shrink_uses_every_sample_once_per_epoch():
         parts = [s.local_indices(r, size) for r in range(size)]
         assert sum(len(p) for p in parts) == len(s.global_batch())
         used += [i for p in parts for i in p.tolist()]
-        s.advance()
+        s.load_state_dict(s.position_after_step())
     assert sorted(used) == list(range(103)) and s.epoch == 1 and s.cursor == 0
     state = s.state_dict()
     t = ElasticSampler(103, 16, seed=4)

@@ -66,8 +66,18 @@ def test_agree_and_barrier_without_ulfm(comm):
 
 
 def test_errors_carry_step_and_failed_ranks():
-    exc = ftcomm.errors.from_status(1, "boom", [2, 3], 7)
+    from ftcomm.core.codes import StatusCode, exception_from_status
+
+    exc = exception_from_status(StatusCode.PROC_FAILED, "boom", [2, 3], 7)
     assert isinstance(exc, ftcomm.ProcFailedError) and isinstance(exc, ftcomm.FtError)
     assert (exc.step, exc.failed_ranks) == (7, [2, 3])
-    assert isinstance(ftcomm.errors.from_status(3, "slow", [], -1), TimeoutError)
-    assert isinstance(ftcomm.errors.from_status(5, "bad", [], 1), ValueError)
+    assert isinstance(exception_from_status(StatusCode.TIMEOUT, "slow", [], -1), TimeoutError)
+    assert isinstance(exception_from_status(StatusCode.INVALID_INPUT, "bad", [], 1), ValueError)
+
+
+def test_every_status_code_has_its_exception():
+    """The C++ status enum is the one source: each error code maps to its own exception class."""
+    from ftcomm.core.codes import StatusCode, exception_from_status
+
+    classes = {c: type(exception_from_status(c, "", [], -1)) for n, c in StatusCode.__members__.items() if n != "OK"}
+    assert len(set(classes.values())) == len(classes) and ftcomm.FtError not in classes.values()

@@ -1,8 +1,8 @@
-"""The spare-promotion plan (ftcomm.spares.plan): a pure function every pool member evaluates on
+"""The spare-promotion plan (ftcomm.membership.spares.plan): a pure function every pool member evaluates on
 the same allgathered table, so its arithmetic is checked here on one process."""
 import numpy as np
 
-from ftcomm.spares import plan
+from ftcomm.membership.spares import plan
 
 
 def table(rows):

@@ -9,7 +9,7 @@ import torch.distributed as dist  # noqa: E402
 
 import ftcomm.torch as ft  # noqa: E402
 from ftcomm.torch import resplit  # noqa: E402
-from ftcomm.torch.recovery import STATE, _install_hook  # noqa: E402
+from ftcomm.torch.step_state import STATE, install_hook  # noqa: E402
 from ftcomm.torch.work import FtWork, make_future  # noqa: E402
 
 
@@ -126,7 +126,7 @@ def test_poisoned_step_leaves_adamw_untouched():
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
     model(torch.ones(4, 3)).sum().backward()
     before = [p.detach().clone() for p in model.parameters()]
-    _install_hook()
+    install_hook()
     with STATE.lock:
         STATE.guards += 1
         STATE.poisoned, STATE.skipped = True, False

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .shard import buddies, nodes_of, wards
+from ..core.codes import Tag
+from ..membership.nodes import nodes_of
+from .buddies import buddies, wards
 
 HEADER_BYTES = 32 * 1024  # fixed, so that receivers know every message size in advance
-_TAG = 7301
 
 
 def checksum(state: np.ndarray) -> int:
@@ -103,7 +104,7 @@ class ReplicaStore:
         set, all in one ``exchange`` (so the k sends and k receives overlap).
 
         Args:
-            comm: the ftcomm.Communicator; shard id = rank.
+            comm: the Communicator; shard id = rank.
             header: from ``encode_header``; state: float32 ``(slots, shard_len)``, C-contiguous.
 
         Returns:
@@ -123,7 +124,7 @@ class ReplicaStore:
             slot = self._buffer(state.shape)
             self.pending[ward] = slot
             recvs += [(ward, slot.header), (ward, slot.state)]
-        comm.exchange(sends=sends, recvs=recvs, tag=_TAG, timeout=timeout)
+        comm.exchange(sends=sends, recvs=recvs, tag=Tag.REPLICA, timeout=timeout)
         return len(sends) // 2 * (header.nbytes + state.nbytes)
 
     def commit(self) -> None:

@@ -29,116 +29,17 @@ state at the end of the voided step (``join.py``); the loop is then written with
 
 In DDP every rank holds the full parameters and optimizer state, so the survivors already have
 everything: nothing is fetched from replicas. (ZeRO-sharded state is ``ftcomm.ShardedOptimizer``'s
-business.)
+business.) The process-wide step state this loop shares with the process groups and the
+optimizer hook lives in ``step_state.py``.
 """
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
-
 import torch
-import torch.optim.optimizer as _optim
 
+from . import join, resplit
 from .executor import EXECUTOR
-
-
-@dataclass
-class RecoveryEvent:
-    """One recovery of an ftcomm process group.
-
-    Attributes:
-        lost_world_ranks: MPI_COMM_WORLD ranks lost in this failure.
-        old_size, new_size: world size of the group before and after.
-        collective: the collective that saw the failure ("allreduce", "broadcast", ...).
-        step: ftcomm's step id of the failed allreduce (None for other collectives).
-        recover_s: seconds from the failed collective's error to the rebuilt communicator.
-        time: ``time.time()`` when recovered.
-        in_resilient_step: True when a ``resilient`` loop was running (the step is redone).
-        policy: "shrink", or "spares" when spares took the failed ranks' places.
-        promoted: group ranks of the promoted spares (empty after a shrink).
-        handover_s: on a survivor, seconds from the start of the hand-over to the newcomers until
-            its end (waiting for their set-up included); None without newcomers. The time to
-            repair is ``recover_s`` + the voided step's rest + ``handover_s``.
-    """
-
-    lost_world_ranks: list
-    old_size: int
-    new_size: int
-    collective: str
-    step: int | None
-    recover_s: float
-    time: float = field(default_factory=time.time)
-    in_resilient_step: bool = False
-    policy: str = "shrink"
-    promoted: list = field(default_factory=list)
-    handover_s: float | None = None
-
-
-class _StepState:
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.guards = 0            # resilient loops running
-        self.poisoned = False      # a failure hit the current step
-        self.skipped = False       # an optimizer step was voided in the current step
-        self.events: list[RecoveryEvent] = []
-        self.hook = None
-        self.joinable = 0          # running resilient loops a promoted spare can join
-
-
-STATE = _StepState()
-
-
-def recoveries() -> list[RecoveryEvent]:
-    """Every recovery of an ftcomm process group in this process so far, oldest first."""
-    with STATE.lock:
-        return list(STATE.events)
-
-
-def note_recovery(event: RecoveryEvent, redo: bool = True) -> bool:
-    """Called by a process group after it rebuilt its communicator. Returns True when a resilient
-    step is running (the step is then poisoned and will be redone), False otherwise (the failed
-    collective then raises). ``redo=False``: record only (a failure during a join hand-over)."""
-    with STATE.lock:
-        event.in_resilient_step = redo and STATE.guards > 0
-        STATE.events.append(event)
-        if event.in_resilient_step:
-            STATE.poisoned = True
-        return event.in_resilient_step
-
-
-def note_handover(seconds: float) -> None:
-    """join.py, on a survivor: the hand-over after the latest recovery took ``seconds``."""
-    with STATE.lock:
-        if STATE.events:
-            STATE.events[-1].handover_s = seconds
-
-
-def join_ready() -> bool:
-    """True while a resilient loop runs that a promoted spare can join (given model, optimizer
-    and iterated through ``epochs()``): only then does a failure bring in a spare."""
-    with STATE.lock:
-        return STATE.joinable > 0
-
-
-def _void_poisoned_step(optimizer, args, kwargs):
-    """Global optimizer-step pre-hook: in a poisoned step, drop every gradient so the step is a
-    no-op (optimizers skip parameters whose ``grad`` is None)."""
-    if STATE.guards == 0:
-        return None
-    EXECUTOR.drain()
-    if STATE.poisoned:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
-        STATE.skipped = True
-    return None
-
-
-def _install_hook() -> None:
-    with STATE.lock:
-        if STATE.hook is None:
-            STATE.hook = _optim.register_optimizer_step_pre_hook(_void_poisoned_step)
+from .process_group import ProcessGroupFtcomm
+from .step_state import STATE, install_hook
 
 
 class ResilientLoader:
@@ -223,8 +124,6 @@ class ResilientLoader:
             self.epoch = None
 
     def _hand_over(self, pg, loader_state):
-        from . import join
-
         state = join.hand_over(pg, self.model, self.optimizer, self.extra_state, loader_state)
         if loader_state is None:
             self.steps_applied, self.steps_redone = state["steps_applied"], state["steps_redone"]
@@ -232,8 +131,6 @@ class ResilientLoader:
         return state
 
     def _process_group(self):
-        from .process_group import ProcessGroupFtcomm
-
         pg = self._pg
         if pg is None:
             import torch.distributed as dist
@@ -293,8 +190,6 @@ class ResilientLoader:
     def __iter__(self):
         from torch.utils.data.distributed import DistributedSampler
 
-        from . import resplit
-
         pg = self._process_group()
         sampler = getattr(self.loader, "sampler", None)
         can_resplit = isinstance(sampler, DistributedSampler) and self.loader.batch_size is not None
@@ -311,7 +206,7 @@ class ResilientLoader:
         used = 0             # batches of the current plan whose step was applied
         generation = pg.generation
         redo = None
-        _install_hook()
+        install_hook()
         EXECUTOR.drain()
         with STATE.lock:
             STATE.guards += 1

@@ -1,4 +1,4 @@
-"""Non-shrinking recovery (issue 8): spare ranks, and respawn, back to the full world size.
+"""Non-shrinking recovery: spare ranks take the failed ranks' places, back to the full world size.
 
 Spares, after Fenix's spare pool (Gamell et al., "Exploring Automatic, Online Failure Recovery
 for Scientific Applications at Extreme Scales", SC'14): ``ftcomm-run --spares S -n N`` starts
@@ -19,26 +19,28 @@ over the pool:
        survivor's rank as before; spares not promoted go back to waiting on the new pool;
     6. an agreement over the pool: any failure in 2-5 makes everyone start over at 1.
 
-Respawn (``policy="respawn"``) does 3-5 over ``MPI_Comm_spawn`` + ``MPI_Intercomm_merge`` instead
-of the pool: new processes run the same program, and ``ftcomm.world()`` in them joins the merge.
-See docs/SPARES.md for what works with Open MPI 5.0.x and what does not.
+Respawn (``respawn.py``) runs 3-5 over ``MPI_Comm_spawn`` + ``MPI_Intercomm_merge`` instead of
+the pool. docs/SPARES.md says what works with Open MPI 5.0.x and what does not.
 """
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
 import numpy as np
 
-from .errors import FtError, InvalidInputError, ProcFailedError
+from ..core import liveness, runtime
+from ..core.codes import Tag
+from ..core.communicator import Communicator
+from ..core.events import RecoveryEvent, between
+from ..core.outcome import agreed, retrying
+from ..errors import FtError, InvalidInputError, ProcFailedError
+from . import nodes
 
 log = logging.getLogger("ftcomm.recovery")
 
-POLICIES = ("shrink", "spares", "respawn")
-_WAKE_TAG = 7501  # an active tells an idle spare: the job is done, or this active crashed
-_RELEASE, _CRASHED = 1, 2
+_RELEASE, _CRASHED = 1, 2  # what an active rank tells an idle spare: the job is done, or it crashed
 _INFO = 3  # ints per member in the assignment allgather: slot, world size, step ledger
 
 
@@ -46,14 +48,14 @@ class SparePool:
     """Every live process of the job (actives and idle spares), and which of them are active.
 
     Attributes:
-        comm: ftcomm.Communicator over the pool (all live processes, MPI_COMM_WORLD order).
+        comm: Communicator over the pool (all live processes, MPI_COMM_WORLD order).
         active_world: MPI_COMM_WORLD ranks of the active ranks.
-        events: one dict per recovery round this process took part in (for logs and tests).
+        events: one ``RecoveryEvent`` per recovery round this process took part in.
     """
 
     def __init__(self, comm, active_world, timeout: float):
         self.comm, self.active_world, self.timeout = comm, set(active_world), timeout
-        self.events: list[dict] = []
+        self.events: list[RecoveryEvent] = []
         self.crashed: set[int] = set()  # world ranks of actives that ended by an exception
 
     @property
@@ -75,7 +77,7 @@ class SparePool:
         """
         while True:
             try:
-                value, source = self.comm._core.wait_signal(_WAKE_TAG, -1.0)
+                value, source = self.comm.wait_signal(Tag.SPARE_WAKE, timeout=None)
             except FtError as error:
                 if not self.comm.is_revoked:
                     self._check_actives_alive(error)
@@ -121,7 +123,7 @@ class SparePool:
         idle = self.idle_spares
         for peer in idle:
             try:
-                self.comm._core.signal(peer, _WAKE_TAG, _CRASHED if crashed else _RELEASE, timeout)
+                self.comm.signal(peer, Tag.SPARE_WAKE, _CRASHED if crashed else _RELEASE, timeout)
             except FtError:
                 pass  # that spare is gone; others still get theirs
         if not crashed:
@@ -129,24 +131,26 @@ class SparePool:
 
     # -- the round, run by everyone in the pool ---------------------------------------------------
     def rebuild_pool(self, slot: int, size: int, ledger: int):
-        """Steps 2-6 of the module docstring, repeated until one round completes everywhere.
-        Returns the new active Communicator, or None on a spare that stays idle."""
+        """Steps 2-6 of the module docstring, repeated until one round completes everywhere: a
+        round that fails anywhere fails the agreement everywhere, and the next round starts from
+        the pool as the failed round shrank it. Returns the new active Communicator, or None on
+        a spare that stays idle."""
         t0 = time.perf_counter()
-        while True:
-            pool = self.comm.recover(timeout=self.timeout, policy="shrink")  # the pool is revoked
-            try:
-                active, event = assemble(pool, slot, size, ledger, self.timeout, "spares")
-                ok = 1
-            except FtError:
-                active, event, ok = None, None, 0
-            if pool.agree(ok, timeout=self.timeout):
-                break
+        pool = self.comm
+
+        def next_round(_error) -> None:
             self.comm = pool
-            if not pool.is_revoked:
-                pool.revoke()
+
+        for attempt in retrying(None, on_failure=next_round):
+            with attempt:
+                pool = self.comm.recover(timeout=self.timeout, policy="shrink")  # the pool is revoked
+                with agreed(pool, "spare pool round", timeout=self.timeout):
+                    active, the_plan = assemble(pool, slot, size, ledger, self.timeout, "spares")
         self.comm = pool
-        event["seconds"] = time.perf_counter() - t0
-        self.active_world = set(event["active_world"])
+        self.active_world = set(the_plan["active_world"])
+        event = recovery_event(the_plan, "spares", recover_s=time.perf_counter() - t0)
+        if active is not None:
+            active.recovery = event
         self.events.append(event)
         return active
 
@@ -154,43 +158,44 @@ class SparePool:
 def _fence_stuck(world_ranks, wait_s: float = 3.0, silent_s: float = 1.0) -> None:
     """After the release: a spare that is still running ``wait_s`` later and has been silent for
     ``silent_s`` is stuck (stopped, or hung), and would keep the job from ending: SIGKILL it
-    (on this host; core/liveness.h). A live idle spare beats every few milliseconds."""
-    from . import _C
-
+    (on this host; ftcomm.core.liveness). A live idle spare beats every few milliseconds."""
     pending = list(world_ranks)
     end = time.monotonic() + wait_s
     while pending and time.monotonic() < end:
-        pending = [w for w in pending if not _C.liveness_finished(w)]
+        pending = [w for w in pending if not liveness.finished(w)]
         time.sleep(0.01)
     if pending:
-        _C.fence_silent(pending, silent_s)
+        liveness.fence_silent(pending, silent_s)
 
 
 def assemble(group, slot: int, size: int, ledger: int, timeout: float, policy: str):
     """Steps 3-5 over ``group`` (the shrunk pool, or the merge of survivors and respawned
-    processes): returns (the new active Communicator or None, the event dict, which is also the
-    Communicator's ``recovery``, with ``policy``). Every member computes the same event from the
-    same allgather.
+    processes): returns (the new active Communicator or None, the ``plan``). Every member
+    computes the same plan from the same allgather. The active Communicator has ``promoted``
+    (True on a newcomer), ``old_to_new`` and ``recovery`` (a ``RecoveryEvent`` with ``policy``).
 
     Raises:
         ProcFailedError etc.: a member failed (a local outcome: the caller agrees and retries).
     """
-    from .communicator import Communicator
-
     mine = np.array([slot, size, ledger], np.int64)
     table = np.empty(group.size * _INFO, np.int64)
     group.allgather(mine, table, timeout=timeout)
-    table = table.reshape(group.size, _INFO)
-    event = dict(plan(table, list(group.world_ranks)), policy=policy)
-    color = -1 if group.rank not in event["new_rank_of_member"] else 0
-    key = event["new_rank_of_member"].get(group.rank, 0)
-    core = group._core.split(color, key, timeout)
-    if core is None:
-        return None, event
-    core.last_committed_step = event["ledger"]
-    active = Communicator(_core=core)
-    active.promoted, active.recovery, active.old_to_new = slot < 0, event, event["old_to_new"]
-    return active, event
+    the_plan = plan(table.reshape(group.size, _INFO), list(group.world_ranks))
+    member = the_plan["new_rank_of_member"]
+    active = group.split(0 if group.rank in member else -1, member.get(group.rank, 0), timeout)
+    if active is None:
+        return None, the_plan
+    active.set_ledger(the_plan["ledger"])
+    active.promoted, active.old_to_new = slot < 0, the_plan["old_to_new"]
+    active.recovery = recovery_event(the_plan, policy)
+    return active, the_plan
+
+
+def recovery_event(the_plan: dict, policy: str, **fields) -> RecoveryEvent:
+    """The ``RecoveryEvent`` of an assignment ``plan``."""
+    return RecoveryEvent(policy=policy, old_size=the_plan["size"], new_size=the_plan["new_size"],
+                         promoted=list(the_plan["promoted"]), old_to_new=list(the_plan["old_to_new"]),
+                         unfilled=list(the_plan["unfilled"]), step=the_plan["ledger"], **fields)
 
 
 def plan(table: np.ndarray, world_ranks: list) -> dict:
@@ -246,9 +251,6 @@ def start(spares: int, timeout: float):
     global _pool
     from mpi4py import MPI
 
-    from . import nodes
-    from .communicator import Communicator
-
     world_size = MPI.COMM_WORLD.Get_size()
     if not 0 <= spares < world_size:
         raise InvalidInputError(f"FTCOMM_SPARES={spares}: need 0 <= spares < {world_size} processes")
@@ -257,16 +259,15 @@ def start(spares: int, timeout: float):
     n_active = world_size - spares
     _pool = SparePool(pool_comm, range(n_active), timeout)
     me = pool_comm.rank
-    core = pool_comm._core.split(0 if me < n_active else -1, me, timeout)
-    if core is None:
+    active = pool_comm.split(0 if me < n_active else -1, me, timeout)
+    if active is None:
         return _pool.wait_for_promotion()
-    active = Communicator(_core=core)
-    active.promoted = False
     return active
 
 
 def release_at_exit(crashed: bool = False) -> None:
-    """Called at exit by every process: an active releases the idle spares (see ``release``)."""
+    """A shutdown hook (``ftcomm.core.runtime.at_shutdown``): an active rank releases the idle
+    spares (see ``SparePool.release``)."""
     if _pool is not None:
         try:
             _pool.release(crashed)
@@ -274,121 +275,34 @@ def release_at_exit(crashed: bool = False) -> None:
             pass
 
 
-# -- Communicator.recover entry points ------------------------------------------------------------
 def recover_with_spares(old, timeout: float):
-    """``old.recover(policy="spares")`` (see there)."""
+    """``old.recover(policy="spares")`` (see ``Communicator.recover``)."""
     p = _pool
     if p is None or not p.idle_spares:
         reason = "no spare pool (start the job with ftcomm-run --spares S)" if p is None else "spares exhausted"
-        return _shrink_instead("spares", old._shrink_to_survivors(timeout), reason)
+        return shrink_instead("spares", old, old.shrink_to_survivors(timeout), reason)
     if not old.is_revoked:
         old.revoke()  # peers still blocked on the failed communicator leave it
     new = p.refill(old)
-    _finish_recovery(old, new, "spares")
+    finish_recovery(old, new, "spares")
     return new
 
 
-def recover_with_respawn(old, shrunk, timeout: float):
-    """``old.recover(policy="respawn")``: ``shrunk`` is the survivors' communicator."""
-    missing = old.size - shrunk.size
-    supported, why_not = respawn_supported()
-    if not supported:
-        return _shrink_instead("respawn", shrunk, why_not)
-    t0 = time.perf_counter()
-    try:
-        merged = _spawn_and_merge(shrunk, missing, timeout)
-        active, event = assemble(merged, old.rank, old.size, old.last_committed_step, timeout, "respawn")
-        if not merged.agree(1, timeout=timeout):
-            raise ProcFailedError("respawn: a process failed while joining")
-    except FtError as error:
-        return _shrink_instead("respawn", shrunk, f"respawn failed: {error}")
-    event["seconds"] = time.perf_counter() - t0
-    _finish_recovery(old, active, "respawn")
-    return active
-
-
-def _shrink_instead(policy: str, shrunk, reason: str):
+def shrink_instead(policy: str, old, shrunk, reason: str):
     """The fallback of a policy that cannot bring newcomers: the survivors' communicator, with
-    the reason logged and kept in ``recovery["fallback"]``."""
+    the reason logged and kept in ``recovery.fallback``."""
     log.warning("recover(policy=%r): %s; shrinking instead", policy, reason)
-    shrunk.recovery = {"policy": "shrink", "fallback": reason, "new_size": shrunk.size}
+    shrunk.recovery = between(old, shrunk, policy="shrink", fallback=reason)
     return shrunk
 
 
-def _finish_recovery(old, new, policy: str) -> None:
-    from . import _runtime
-
+def finish_recovery(old, new, policy: str) -> None:
+    """Completes ``new.recovery`` once survivors and newcomers form ``new``: the lost world ranks
+    (also recorded for the exit report), and the fallback when spares ran out."""
     event = new.recovery
-    lost = sorted(set(old.world_ranks) - set(new.world_ranks))
-    _runtime.record_lost(lost)
-    if event.get("unfilled"):
+    event.lost_world_ranks = sorted(set(old.world_ranks) - set(new.world_ranks))
+    runtime.record_lost(event.lost_world_ranks)
+    if event.unfilled:
         log.warning("recover(policy=%r): spares exhausted, %d failed rank(s) not replaced; world size "
-                    "%d -> %d", policy, len(event["unfilled"]), old.size, new.size)
-        event["fallback"] = "spares exhausted"
-
-
-# -- respawn ----------------------------------------------------------------------------------------
-def respawn_supported() -> tuple[bool, str]:
-    """(whether ``policy="respawn"`` tries MPI_Comm_spawn, the reason if not). Refused on Open MPI
-    5.0.x, where the spawn, merge and the collectives that follow do work, but the job's end does
-    not: MPI_Finalize across the spawned job hangs or crashes in about one run in four (the
-    parents' disconnect reaches the new processes through a TCP endpoint Open MPI never set up),
-    so the launcher reports an abnormal end. Respawned processes also have no rank in the
-    parents' MPI_COMM_WORLD (``world_ranks`` -1), which the sharded optimizer's layout and the
-    hang fencing need. Evidence: docs/SPARES.md. FTCOMM_RESPAWN=force tries it anyway."""
-    from mpi4py import MPI
-
-    if os.environ.get("FTCOMM_RESPAWN") == "force":
-        return True, ""
-    version = MPI.Get_library_version()
-    if "Open MPI v5.0." in version:
-        return False, ("MPI_Comm_spawn is unreliable in Open MPI 5.0.x (MPI_Finalize across the spawned "
-                       "job hangs or crashes), see docs/SPARES.md; FTCOMM_RESPAWN=force tries it")
-    return True, ""
-
-
-def spawned() -> bool:
-    """True in a process started by ``recover(policy="respawn")`` (it has a parent)."""
-    from mpi4py import MPI
-
-    return MPI.Comm.Get_parent() != MPI.COMM_NULL
-
-
-def _spawn_and_merge(shrunk, count: int, timeout: float):
-    """Starts ``count`` processes running this program (MPI_Comm_spawn, collective over
-    ``shrunk``, root 0) and returns the ftcomm Communicator over survivors + newcomers (merged,
-    survivors first). Spawn and merge cannot be interrupted: past ``timeout`` the watchdog kills
-    this rank. Raises MpiError when MPI reports a failure."""
-    from mpi4py import MPI
-
-    from . import _C
-    from .communicator import Communicator
-    from .errors import MpiError
-
-    info = MPI.Info.Create()
-    info.Set("host", MPI.Get_processor_name())  # Open MPI: else "all slots already filled"
-    token = _C.watchdog_arm(timeout, "MPI_Comm_spawn", False)
-    try:
-        parent = shrunk.mpi_comm
-        inter = parent.Spawn(sys.executable, args=list(sys.orig_argv[1:]), maxprocs=count, info=info, root=0)
-        merged = inter.Merge(high=False)
-    except MPI.Exception as error:
-        raise MpiError(f"MPI_Comm_spawn/merge: {error.Get_error_string()}") from error
-    finally:
-        _C.watchdog_disarm(token)
-        info.Free()
-    return Communicator(merged, timeout=timeout)
-
-
-def join_respawn(timeout: float):
-    """``ftcomm.world()`` in a respawned process: merges with the survivors and takes a failed
-    rank's place. Returns the active Communicator (``promoted`` True)."""
-    from mpi4py import MPI
-
-    from .communicator import Communicator
-
-    merged = Communicator(MPI.Comm.Get_parent().Merge(high=True), timeout=timeout)
-    active, _ = assemble(merged, -1, 0, -1, timeout, "respawn")
-    if not merged.agree(1, timeout=timeout):
-        raise ProcFailedError("respawn: a process failed while joining")
-    return active
+                    "%d -> %d", policy, len(event.unfilled), old.size, new.size)
+        event.fallback = "spares exhausted"

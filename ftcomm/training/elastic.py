@@ -11,16 +11,15 @@ The loop::
                                                   # replication, agree -> commit or raise
     failure:  comm.recover() (revoke + shrink)  -> optimizer.rebuild(comm) -> redo step s
 
-Each recovery is logged as one JSON line: time (Unix seconds), step, failed world ranks,
-detection_ms, shrink_ms, rebuild_ms, bytes_moved; rank 0 shows a tqdm bar (step, loss, world
-size). If a shard and all its replicas are lost (StateLostError) the driver falls back to the
-last disk checkpoint when ``checkpoint_dir`` is set, else re-raises.
+Each recovery is logged as one JSON line, ``{"event": "recovered", ...}`` with the fields of
+``ftcomm.RecoveryEvent`` (step, lost world ranks, sizes, detection / agree / recover / rebuild
+seconds, bytes moved); rank 0 shows a tqdm bar (step, loss, world size). If a shard and all its
+replicas are lost (StateLostError) the driver falls back to the last disk checkpoint when
+``checkpoint_dir`` is set, else re-raises.
 """
 from __future__ import annotations
 
 import base64
-import json
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -28,8 +27,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, fault
-from .errors import FtError, StateLostError
+from ..core import fault
+from ..core.events import RecoveryEvent
+from ..core.outcome import retrying
+from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError, StateLostError
+from . import checkpoint
+from .events import EventLog
 
 
 @dataclass
@@ -54,8 +57,8 @@ class State:
 
     Args:
         model: torch.nn.Module (its parameters are managed by ``optimizer``).
-        optimizer: ftcomm.optim.ShardedOptimizer.
-        sampler: ftcomm.data.ElasticSampler.
+        optimizer: ftcomm.ShardedOptimizer.
+        sampler: ftcomm.ElasticSampler.
 
     The committed metadata put in the replicas is the sampler position after the step and this
     rank's torch RNG state (base64 of torch.get_rng_state()).
@@ -80,11 +83,7 @@ class State:
 
     def capture(self, advanced: bool) -> dict:
         """Metadata to commit: sampler position (after the step when ``advanced``) and RNG."""
-        position = self.sampler.state_dict()
-        if advanced:
-            position["cursor"] += len(self.sampler.global_batch())
-            if position["cursor"] >= self.sampler.num_samples:
-                position = {"epoch": position["epoch"] + 1, "cursor": 0}
+        position = self.sampler.position_after_step() if advanced else self.sampler.state_dict()
         rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
         return {"sampler": position, "rng": rng}
 
@@ -111,27 +110,6 @@ class Summary:
     replica_bytes: int = 0
 
 
-class EventLog:
-    """JSON-lines event log: every rank appends to ``path`` (``{rank}`` in it is replaced by the
-    world rank); rank 0 also prints each line through tqdm.write (it keeps the bar intact)."""
-
-    def __init__(self, path: str | None, world_rank: int, echo: bool):
-        self.path = path.replace("{rank}", str(world_rank)) if path else None
-        self.world_rank, self.echo = world_rank, echo
-        if self.path:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-
-    def __call__(self, **event) -> dict:
-        event = {"time": time.time(), "rank": self.world_rank, **event}
-        line = json.dumps(event)
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-        if self.echo:
-            tqdm.write(line)
-        return event
-
-
 def _peak_rss_bytes() -> int:
     import resource
 
@@ -140,44 +118,49 @@ def _peak_rss_bytes() -> int:
 
 def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy: str | None,
              max_attempts: int = 8) -> dict:
-    """Shrinks and rebuilds until a rebuild commits (a failure may hit the recovery itself: the
-    old holdings stay intact until a rebuild commits, so it simply starts over)."""
+    """Recovers and rebuilds until a rebuild commits (a failure may hit the recovery itself: the
+    old holdings stay intact until a rebuild commits, so it simply starts over). Returns the
+    logged event (a ``RecoveryEvent`` as a dict, ``"event": "recovered"``)."""
     opt = state.optimizer
     detected, detected_time = time.perf_counter(), time.time()
-    # from the start of the phase that failed to the exception (the kill time is not known here)
-    detection_ms = (detected - getattr(opt, "last_phase_start", detected)) * 1e3
     timing = getattr(opt, "timing", {})
+    before = comm = opt.comm
+    recover_s, report = 0.0, None
+    retry_on = (ProcFailedError, RevokedError, CollectiveTimeoutError)
+    for attempt in retrying(max_attempts, retry_on=retry_on):
+        with attempt:
+            t0 = time.perf_counter()
+            fault.point("shrink", comm.world_rank, opt.step_id + 1)
+            comm = comm.recover(policy=policy)  # from the latest one, if a rebuild failed
+            recover_s += time.perf_counter() - t0
+            report = _rebuild_or_restore(opt, comm, log, checkpoint_dir)
+    state.restore(opt.committed_meta)
+    event = comm.recovery or RecoveryEvent()
+    event.lost_world_ranks = sorted(set(before.world_ranks) - set(comm.world_ranks))
+    event.old_size, event.new_size = before.size, comm.size
+    event.step, event.where, event.error = opt.step_id, opt.phase or "train_step", type(error).__name__
+    # From the start of the phase that failed to the exception (the kill time is not known here).
+    event.detection_s = detected - getattr(opt, "last_phase_start", detected)
     # A failure after the gradient allreduce surfaces locally and is then agreed on by the step's
     # agreement, which belongs to the repair. (Inside the allreduce the core agrees and shrinks
-    # before it raises: that time is in detection_ms.)
-    agree_ms = timing.get("agree", 0.0) * 1e3 if "failed" in timing else 0.0
-    before = list(opt.layout.world_ranks)
-    comm, shrink_ms, report = opt.comm, 0.0, None
-    for _ in range(max_attempts):
-        t0 = time.perf_counter()
-        fault.point("shrink", comm.world_rank, opt.step_id + 1)
-        comm = comm.recover(policy=policy)
-        shrink_ms += (time.perf_counter() - t0) * 1e3
-        try:
-            report = opt.rebuild(comm)
-        except StateLostError as lost:
-            if set(comm.world_ranks) - set(opt.layout.world_ranks):
-                raise  # a newcomer has nothing to restore a disk checkpoint into: fail uniformly
-            report = _disk_fallback(opt, comm, lost, log, checkpoint_dir)
-        except FtError:
-            continue
-        break
-    if report is None:
-        raise error
-    state.restore(opt.committed_meta)
-    return log(event="recovered", step=opt.step_id, redo_step=opt.step_id + 1,
-               failed_ranks=sorted(set(before) - set(comm.world_ranks)), world_size=comm.size,
-               detected_time=detected_time, detection_ms=round(detection_ms, 3),
-               agree_ms=round(agree_ms, 3), shrink_ms=round(shrink_ms, 3),
-               rebuild_ms=round(report["rebuild_s"] * 1e3, 3), bytes_moved=int(report["bytes_moved"]),
-               from_replica=report.get("from_replica", []), disk_restore=report.get("disk_restore"),
-               error=type(error).__name__, policy=(comm.recovery or {}).get("policy", "shrink"),
-               fallback=(comm.recovery or {}).get("fallback"), newcomers=report.get("newcomers", []))
+    # before it raises: that time is in detection_s.)
+    event.agree_s = timing.get("agree", 0.0) if "failed" in timing else 0.0
+    event.recover_s, event.rebuild_s = recover_s, report["rebuild_s"]
+    event.bytes_moved, event.from_replica = int(report["bytes_moved"]), report.get("from_replica", [])
+    event.newcomers, event.disk_restore = report.get("newcomers", []), report.get("disk_restore")
+    event.time, event.detected_time = time.time(), detected_time
+    return log(event="recovered", **event.as_dict())
+
+
+def _rebuild_or_restore(opt, comm, log: EventLog, checkpoint_dir) -> dict:
+    """The rebuild from memory, or, when a shard and all its replicas are lost, the disk
+    checkpoint (``_disk_fallback``)."""
+    try:
+        return opt.rebuild(comm)
+    except StateLostError as lost:
+        if set(comm.world_ranks) - set(opt.layout.world_ranks):
+            raise  # a newcomer has nothing to restore a disk checkpoint into: fail uniformly
+        return _disk_fallback(opt, comm, lost, log, checkpoint_dir)
 
 
 def _disk_fallback(opt, comm, lost: StateLostError, log: EventLog, checkpoint_dir) -> dict:
@@ -220,8 +203,9 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             used only when in-memory recovery is impossible (StateLostError).
         on_commit: ``f(state, step, stats)`` after each committed step (stats: summed values,
             the last one the global sample count).
-        on_recover: ``f(state, event)`` after each recovery (event: the logged dict); on a promoted
-            spare once, after it joined (event "joined"), so that a collective in it matches.
+        on_recover: ``f(state, event)`` after each recovery (event: the logged dict, a
+            ``RecoveryEvent`` plus "event": "recovered"); on a promoted spare once, after it
+            joined ("event": "joined"), so that a collective in it matches.
         max_recoveries: give up (re-raise) after this many recoveries.
         policy: recovery policy passed to ``Communicator.recover`` ("shrink", "spares" or
             "respawn"; default FTCOMM_RECOVERY_POLICY, else "shrink"). With "spares" the world
@@ -242,11 +226,10 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     summary, attempts = Summary(), {}
     if opt.join_report is not None:  # a promoted spare: the committed state came from the survivors
         state.restore(opt.committed_meta)
-        summary.events.append(log(event="joined", step=opt.step_id, redo_step=opt.step_id + 1,
-                                  world_size=opt.comm.size, new_rank=opt.comm.rank,
-                                  policy=(opt.comm.recovery or {}).get("policy"),
-                                  rebuild_ms=round(opt.join_report["rebuild_s"] * 1e3, 3),
-                                  bytes_moved=int(opt.join_report["bytes_moved"])))
+        joined = opt.comm.recovery or RecoveryEvent()
+        joined.step, joined.where, joined.time = opt.step_id, "join", time.time()
+        joined.rebuild_s, joined.bytes_moved = opt.join_report["rebuild_s"], int(opt.join_report["bytes_moved"])
+        summary.events.append(log(event="joined", new_rank=opt.comm.rank, **joined.as_dict()))
         if on_recover is not None:
             on_recover(state, summary.events[-1])
     else:

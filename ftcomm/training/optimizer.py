@@ -2,13 +2,13 @@
 
 ZeRO stage 1 (Rajbhandari et al., SC'20): every rank keeps the full parameters (data parallel),
 but the optimizer state is partitioned: rank i owns shard i of the flattened fp32 parameters and
-of every optimizer-state tensor (see ftcomm/shard.py). One training step is
+of every optimizer-state tensor (see ftcomm/training/layout.py). One training step is
 
     1. gradient allreduce of the flat gradient (plus a few statistics, in the same bucket), through
        the commit protocol (uniform ProcFailedError on a failure, buffers untouched);
     2. shard update, out of place: the new shard goes to a staging buffer, the committed one stays;
     3. allgather of the new parameter shards into the model's flat parameters;
-    4. replication of the new shard to k buddies (ftcomm/replica.py, double-buffered);
+    4. replication of the new shard to k buddies (ftcomm/training/replica.py, double-buffered);
     5. one agreement: either every survivor commits the step (staging -> live, pending replicas ->
        committed) or every survivor aborts it (nothing committed, the step is redone after
        ``rebuild``). That makes the step atomic, in the spirit of Horovod elastic's
@@ -16,88 +16,25 @@ of every optimizer-state tensor (see ftcomm/shard.py). One training step is
 
 On a failure the caller shrinks the communicator (``comm.recover()``) and calls ``rebuild``, which
 finds every lost shard in a buddy's replica, verifies its CRC-32, re-shards the state over the
-new world size, re-replicates and agrees (ftcomm/rebuild.py). No disk I/O on that path.
+new world size, re-replicates and agrees (ftcomm/training/rebuild.py). No disk I/O on that path.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 import torch
 
-from . import fault, rebuild as _rebuild
-from .errors import FtError, ProcFailedError, StateLostError
+from ..core import fault
+from ..core.outcome import agreed, retrying
+from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
+from ..membership import nodes
+from . import rebuild as _rebuild
+from .layout import ShardLayout
 from .replica import ReplicaStore, encode_header
-from . import nodes
-from .shard import ShardLayout
+from .rules import make_rule
 
 _F32 = np.float32
-
-
-# -- update rules: out of place, on one shard, float32 torch views of numpy memory ----------------
-class SGD:
-    """SGD with momentum, weight decay and Nesterov, as torch.optim.SGD (dampening 0).
-
-    Slots: param, momentum_buffer.
-    """
-
-    name = "sgd"
-
-    def __init__(self, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False):
-        self.lr, self.momentum, self.weight_decay, self.nesterov = lr, momentum, weight_decay, nesterov
-        self.slots = ("param", "momentum_buffer") if momentum else ("param",)
-
-    def update(self, live, grad, out, t: int) -> None:
-        """Writes the state after update number ``t`` (1-based) into ``out``; ``live`` and
-        ``grad`` are read only. All tensors: float32, shape (shard_len,) per slot."""
-        p, new_p = live[0], out[0]
-        g = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
-        if self.momentum:
-            buf, new_buf = live[1], out[1]
-            if t == 1:
-                new_buf.copy_(g)  # torch.optim.SGD starts the buffer at the first gradient
-            else:
-                torch.mul(buf, self.momentum, out=new_buf).add_(g)
-            g = g.add(new_buf, alpha=self.momentum) if self.nesterov else new_buf
-        torch.add(p, g, alpha=-self.lr, out=new_p)
-
-
-class AdamW:
-    """AdamW (Loshchilov & Hutter, ICLR'19) with bias correction, as torch.optim.AdamW.
-
-    Slots: param, exp_avg, exp_avg_sq. The step count t is the number of committed steps.
-    """
-
-    name = "adamw"
-    slots = ("param", "exp_avg", "exp_avg_sq")
-
-    def __init__(self, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
-        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
-
-    def update(self, live, grad, out, t: int) -> None:
-        """As SGD.update."""
-        (p, m, v), (new_p, new_m, new_v) = live, out
-        b1, b2 = self.betas
-        torch.mul(p, 1.0 - self.lr * self.weight_decay, out=new_p)
-        torch.lerp(m, grad, 1.0 - b1, out=new_m)
-        torch.mul(v, b2, out=new_v).addcmul_(grad, grad, value=1.0 - b2)
-        denom = new_v.sqrt().div_(math.sqrt(1.0 - b2 ** t)).add_(self.eps)
-        new_p.addcdiv_(new_m, denom, value=-self.lr / (1.0 - b1 ** t))
-
-
-RULES = {"sgd": SGD, "adamw": AdamW}
-
-
-def make_rule(name: str, lr: float, **hyper):
-    """The update rule called ``name`` ("sgd" or "adamw").
-
-    Raises:
-        ValueError: unknown name.
-    """
-    if name not in RULES:
-        raise ValueError(f"optimizer must be one of {sorted(RULES)}, not {name!r}")
-    return RULES[name](lr, **hyper)
 
 
 def _t(a: np.ndarray) -> torch.Tensor:
@@ -123,7 +60,7 @@ class ShardedOptimizer:
         params: the model's parameters (float32 CPU tensors, identical on every rank; rank 0's
             values are broadcast at construction). They are re-pointed into one flat float32
             buffer so that the allgather writes the model in place.
-        comm: ftcomm.Communicator.
+        comm: the Communicator.
         optimizer: "adamw" or "sgd".
         lr: learning rate.
         replicas: k, number of buddies holding each shard (default 1; capped at size - 1).
@@ -138,7 +75,7 @@ class ShardedOptimizer:
     2 x 4 x slots x P/N + replicas 2 x k x 4 x slots x P/N (committed + in flight).
 
     On a newcomer (``comm.promoted``: a spare or respawned process that ``comm.recover`` put in a
-    failed rank's place, issue 8) the constructor does not start from ``params``: it joins the
+    failed rank's place) the constructor does not start from ``params``: it joins the
     survivors' ``rebuild(comm)`` and receives the committed state (its shard from the buddies'
     replicas, the parameters from everyone, the replaced rank's metadata in ``committed_meta``);
     ``join_report`` then holds the rebuild report.
@@ -161,12 +98,13 @@ class ShardedOptimizer:
         self.committed_meta: dict = {}  # caller's metadata (data position, RNG) at step_id
         self.last_bytes_replicated = 0
         self.join_report = None
+        self.phase: str | None = None  # the phase of step() running, for recovery events
         if getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
             self._join(comm)
             return
         numel = sum(p.numel() for p in self.params)
-        nodes.register(comm, timeout)  # issue 9: replicas on other nodes than their owners
+        nodes.register(comm, timeout)  # replicas go to other nodes than their owners
         self.layout = ShardLayout(numel, tuple(comm.world_ranks))
         flat = np.zeros(self.layout.padded, _F32)
         self._copy_params_into(flat)
@@ -243,9 +181,24 @@ class ShardedOptimizer:
         self.timing, self.last_phase_start = clock.phases, clock.last
         self._gather_grads()
         summed = np.array(list(stats or []) or [0.0], np.float64)
+        self.phase = "allreduce"
         self.comm.allreduce([self.flat_grad, summed], op=self.grad_op, timeout=self.timeout)
         clock.mark("allreduce")
-        ok = 1
+        self.phase = "update, allgather, replication"
+        try:
+            with agreed(self.comm, f"step {step} (update, allgather, replication)", step=step,
+                        timeout=self.timeout, on_abort=self.store.discard_pending):
+                self._update_gather_replicate(step, meta or {}, clock)
+        finally:
+            clock.mark("agree")  # the agreement's time, also when it aborted the step
+        self.live, self.staging = self.staging, self.live
+        self.store.commit()
+        self.step_id, self.committed_meta, self.phase = step, dict(meta or {}), None
+        return summed[: len(list(stats or []))]
+
+    def _update_gather_replicate(self, step: int, meta: dict, clock) -> None:
+        """Steps 2-4 of the module docstring, into ``staging`` and the pending replicas. A local
+        failure raises (the step's agreement then aborts the step on every rank)."""
         try:
             fault.point("shard_update", self.comm.world_rank, step)
             grad = _t(self._my_slice(self.flat_grad))
@@ -254,25 +207,19 @@ class ShardedOptimizer:
             self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
             clock.mark("allgather")
             fault.point("replicate", self.comm.world_rank, step)
-            header = encode_header(self._header_meta(step, meta or {}), self.staging)
+            header = encode_header(self.replica_meta(step, meta), self.staging)
             self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.timeout)
             clock.mark("replicate")
         except FtError:
-            ok = 0  # a local failure: the agreement below makes every rank abort
             clock.mark("failed")
-        self.last_phase_start = clock.last
-        agreed = self.comm.agree(ok, timeout=self.timeout)
-        clock.mark("agree")
-        if not agreed:
-            self.store.discard_pending()
-            raise ProcFailedError(f"step {step} aborted: a rank failed during update, allgather or "
-                                  "replication", step=step)
-        self.live, self.staging = self.staging, self.live
-        self.store.commit()
-        self.step_id, self.committed_meta = step, dict(meta or {})
-        return summed[: len(list(stats or []))]
+            raise
+        finally:
+            self.last_phase_start = clock.last
 
-    def _header_meta(self, step: int, meta: dict, comm=None, layout: ShardLayout | None = None) -> dict:
+    def replica_meta(self, step: int, meta: dict, comm=None, layout: ShardLayout | None = None) -> dict:
+        """The header of this rank's replica at ``step`` (``meta``: the caller's committed
+        metadata); ``comm`` and ``layout`` default to the current ones (a rebuild passes the new
+        ones)."""
         comm, layout = comm or self.comm, layout or self.layout
         return {"shard": comm.rank, "step": step, "world_rank": comm.world_rank,
                 "numel": layout.numel, "shard_len": layout.shard_len,
@@ -281,15 +228,11 @@ class ShardedOptimizer:
     def _replicate_and_agree(self, state: np.ndarray, step: int, meta: dict) -> int:
         """Replicates ``state`` tagged with ``step`` and commits the replicas if every rank
         succeeded; raises ProcFailedError otherwise. Returns bytes sent."""
-        ok, sent = 1, 0
-        try:
-            sent = self.store.replicate(self.comm, encode_header(self._header_meta(step, meta), state),
+        sent = 0
+        with agreed(self.comm, f"replication of step {step}", step=step, timeout=self.timeout,
+                    on_abort=self.store.discard_pending):
+            sent = self.store.replicate(self.comm, encode_header(self.replica_meta(step, meta), state),
                                         state, self.timeout)
-        except FtError:
-            ok = 0
-        if not self.comm.agree(ok, timeout=self.timeout):
-            self.store.discard_pending()
-            raise ProcFailedError(f"replication of step {step} failed", step=step)
         self.store.commit()
         return sent
 
@@ -314,28 +257,32 @@ class ShardedOptimizer:
         result["rebuild_s"] = time.perf_counter() - t0
         return result
 
-    def _old_state_summary(self) -> dict:
-        """What a newcomer learns before a rebuild (ftcomm/rebuild.py, share_old_state)."""
+    def old_state_summary(self) -> dict:
+        """What a newcomer learns before a rebuild (``rebuild.share_old_state``): layout, step,
+        committed metadata, replicas and rule, JSON-serialisable."""
         return {"numel": self.layout.numel, "world_ranks": list(self.layout.world_ranks), "step": self.step_id,
                 "meta": self.committed_meta, "replicas": self.replicas, "rule": self.rule.name}
 
     def _join(self, comm, max_attempts: int = 8) -> None:
         """A newcomer's start: the survivors' rebuild, repeated (with them) after a failure."""
-        policy = (comm.recovery or {}).get("policy", "spares")
-        for _ in range(max_attempts):
-            try:
-                self.join_report = self.rebuild(comm)
-                return
-            except StateLostError:
-                raise
-            except FtError:
-                comm = self.comm = comm.recover(timeout=self.timeout, policy=policy)
-                comm.promoted = True  # still a newcomer: it holds no state yet
-        raise ProcFailedError(f"newcomer could not join after {max_attempts} attempts")
+        policy = comm.recovery.policy if comm.recovery is not None else "spares"
+        self.comm = comm
 
-    def _adopt(self, comm, layout: ShardLayout, live: np.ndarray, flat: np.ndarray, step: int,
-               meta: dict) -> None:
-        """Makes a rebuilt state current (called by ftcomm/rebuild.py after its agreement)."""
+        def recover_again(_error) -> None:
+            self.comm = self.comm.recover(timeout=self.timeout, policy=policy)
+            self.comm.promoted = True  # still a newcomer: it holds no state yet
+
+        # StateLostError and bad input are the same on every rank: they end the join.
+        retry_on = (ProcFailedError, RevokedError, CollectiveTimeoutError)
+        for attempt in retrying(max_attempts, retry_on=retry_on, on_failure=recover_again):
+            with attempt:
+                self.join_report = self.rebuild(self.comm)
+
+    def adopt(self, comm, layout: ShardLayout, live: np.ndarray, flat: np.ndarray, step: int,
+              meta: dict) -> None:
+        """Makes a rebuilt state current (``rebuild.finish`` calls it after its agreement, on
+        every rank): the new communicator, layout, live shard and parameters, step and metadata;
+        the pending replicas become the committed ones."""
         self.comm, self.layout, self.live = comm, layout, live
         self.staging = np.empty_like(live)
         self._bind(flat)

@@ -12,15 +12,12 @@ hang (sleeps forever), stop (SIGSTOP).
 Points in the allreduce: ``before`` (before any communication), ``reduce_scatter`` and
 ``allgather`` (after receiving chunk ``chunk`` of ring step ``ring_step``), ``commit`` (just before
 the commit agreement). The training layer adds ``replicate``, ``shrink``, ``rebuild`` and
-``train_step`` (see docs/FAULTS.md).
+``train_step``, the torch backend ``join`` (see docs/FAULTS.md). ``ftcomm.fault`` is this module.
 """
 from __future__ import annotations
 
-import os
-
-from . import _C
-
-KINDS = {"kill": 0, "exit": 1, "hang": 2, "stop": 3}
+from .. import _C, settings
+from .codes import FAULT_KINDS as KINDS
 _INT_KEYS = ("rank", "step", "ring_step", "chunk")
 
 
@@ -62,5 +59,6 @@ def point(name: str, world_rank: int, step: int) -> None:
 
 
 def load_from_env() -> None:
-    for spec in parse(os.environ.get("FTCOMM_FAULT", "")):
+    """Arms the faults that FTCOMM_FAULT names (``import ftcomm`` calls it)."""
+    for spec in parse(settings.fault_specs()):
         inject(spec["point"], spec["rank"], spec["step"], spec["ring_step"], spec["chunk"], spec["kind"])

@@ -1,6 +1,7 @@
 """Process-wide state: loads MPI through mpi4py (with ftcomm owning MPI_Finalize), loads the core,
-checks they talk to the same MPI library, and records failures seen, for the exit report that
-ftcomm-run reads."""
+checks they talk to the same MPI library, hands the core its settings, and records failures seen,
+for the exit report that ftcomm-run reads. At exit it runs the shutdown hooks that higher layers
+registered (``at_shutdown``), then finalizes MPI under a watchdog."""
 from __future__ import annotations
 
 import atexit
@@ -16,8 +17,7 @@ if "mpi4py.MPI" not in sys.modules:
     mpi4py.rc.finalize = False
 from mpi4py import MPI  # noqa: E402  (must follow the rc setting)
 
-from . import _C  # noqa: E402
-from . import config  # noqa: E402
+from .. import _C, settings  # noqa: E402
 
 
 def _check_same_mpi() -> None:
@@ -33,12 +33,17 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
+ft_compiled_in = _C.ft_compiled_in  # () -> bool: built against an MPI with ULFM
+ft_enabled = _C.ft_enabled  # () -> bool: this job runs with ULFM switched on (MPIX_FT)
+
 if MPI.Comm.Get_parent() != MPI.COMM_NULL:
-    # A process started by recover(policy="respawn") (ftcomm/spares.py): its MPI_COMM_WORLD ranks
-    # start at 0 again, so it must not take world rank 0's slots in the run directory (liveness
-    # table, pid and exit-report files) nor the fault-injection plan meant for the first job.
-    for _var in ("FTCOMM_RUN_DIR", "FTCOMM_FAULT", "FTCOMM_SPARES"):
-        os.environ.pop(_var, None)
+    # A process started by recover(policy="respawn") (ftcomm/membership/respawn.py): its
+    # MPI_COMM_WORLD ranks start at 0 again, so it must not take world rank 0's slots in the run
+    # directory (liveness table, pid and exit-report files) nor the first job's fault plan.
+    settings.forget_job_settings()
+
+_C.configure(fence_timeout_s=settings.fence_timeout(), run_dir=settings.run_dir() or "",
+             profile=settings.profile())
 
 lost_world_ranks: set[int] = set()
 
@@ -50,7 +55,7 @@ def record_lost(world_ranks) -> None:
 def _publish_pid() -> None:
     """Leaves this rank's pid in the run directory, so that `ftcomm-run --timeout` can kill a
     rank that hangs: Open MPI may start ranks outside the launcher's process group."""
-    run_dir = os.environ.get("FTCOMM_RUN_DIR")
+    run_dir = settings.run_dir()
     if run_dir:
         try:
             with open(os.path.join(run_dir, f"pid-rank{MPI.COMM_WORLD.Get_rank()}"), "w") as f:
@@ -78,7 +83,7 @@ sys.excepthook = _note_uncaught
 
 
 def _write_exit_report() -> None:
-    run_dir = os.environ.get("FTCOMM_RUN_DIR")
+    run_dir = settings.run_dir()
     if not run_dir:
         return
     report = {"world_rank": MPI.COMM_WORLD.Get_rank(), "pid": os.getpid(), "lost": sorted(lost_world_ranks),
@@ -90,19 +95,32 @@ def _write_exit_report() -> None:
         pass
 
 
+_shutdown_hooks: list = []
+
+
+def at_shutdown(hook) -> None:
+    """Registers ``hook(crashed: bool)`` to run at exit before MPI_Finalize (``crashed``: the
+    program ends by an uncaught exception). Higher layers use it to leave cleanly (the spare pool
+    releases its idle spares); a hook must not raise and must not wait long."""
+    _shutdown_hooks.append(hook)
+
+
 def shutdown() -> None:
-    """Writes this rank's exit report and finalizes MPI. MPI_Finalize in ULFM mode is collective over
-    the survivors; if it does not return within FTCOMM_FINALIZE_TIMEOUT seconds the watchdog ends
-    the process with status 0 (its work is done)."""
+    """Writes this rank's exit report, runs the shutdown hooks and finalizes MPI. MPI_Finalize in
+    ULFM mode is collective over the survivors; if it does not return within
+    FTCOMM_FINALIZE_TIMEOUT seconds the watchdog ends the process with status 0 (its work is
+    done)."""
     _write_exit_report()
-    spares = sys.modules.get("ftcomm.spares")
-    if spares is not None:
-        spares.release_at_exit(crashed=_uncaught)  # idle spares end with the job
+    for hook in _shutdown_hooks:
+        try:
+            hook(_uncaught)
+        except Exception:  # noqa: BLE001 (exit path: never raise)
+            pass
     _C.liveness_mark_exiting()  # from here on no peer may fence this rank as stuck
     if MPI.Is_initialized() and not MPI.Is_finalized():
         sys.stdout.flush()
         sys.stderr.flush()
-        token = _C.watchdog_arm(config.finalize_timeout(), "MPI_Finalize", True)
+        token = _C.watchdog_arm(settings.finalize_timeout(), "MPI_Finalize", True)
         MPI.Finalize()
         _C.watchdog_disarm(token)
 

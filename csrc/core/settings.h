@@ -1,0 +1,21 @@
+// The core's run-time settings. The core reads no environment variable itself: ftcomm's Python
+// settings module (ftcomm/settings.py) reads every FTCOMM_* variable and hands the core its part
+// through Configure() when ftcomm is imported, before any communicator exists.
+#pragma once
+
+#include <string>
+
+namespace ftcomm {
+
+struct CoreSettings {
+  double fence_timeout_s = 60.0;  // silence after which a waiting peer fences a rank (seconds)
+  std::string run_dir;            // ftcomm-run's run directory (liveness table); empty: none
+  bool profile = false;           // print each allreduce step's phase times to stderr
+};
+
+// Replaces the settings. Called once at start-up; not meant to change while collectives run.
+void Configure(const CoreSettings& settings);
+
+const CoreSettings& CurrentSettings();
+
+}  // namespace ftcomm

@@ -1,0 +1,21 @@
+// Every MPI message tag ftcomm uses, in one place: two protocols that shared a tag on one
+// communicator could match each other's messages. The C++ collectives use them directly; Python
+// gets them as ftcomm._C.Tag (bindings/module.cpp), so no tag is written down twice.
+#pragma once
+
+namespace ftcomm {
+
+enum class Tag : int {
+  kRing = 7001,          // ring allreduce chunks (collectives/ring_allreduce.cpp)
+  kValidate = 7002,      // input validation and min/max rounds (collectives/allreduce_step.cpp)
+  kAllgather = 7101,     // Communicator.allgather's ring (ftcomm/core/p2p.py)
+  kBroadcast = 7102,     // Communicator.broadcast's binomial tree (ftcomm/core/p2p.py)
+  kSubgroup = 7200,      // MPI_Comm_create_group of torch subgroups, this and up (ftcomm/torch/backend.py)
+  kReplica = 7301,       // shard replicas to buddies (ftcomm/training/replica.py)
+  kReshard = 7302,       // re-shard pieces during a rebuild (ftcomm/training/rebuild.py)
+  kSpareWake = 7501,     // an active rank tells an idle spare: released, or crashed
+};
+
+constexpr int TagValue(Tag tag) { return static_cast<int>(tag); }
+
+}  // namespace ftcomm

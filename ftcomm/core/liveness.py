@@ -1,0 +1,43 @@
+"""Liveness and fencing for the layers above the core (csrc/core/liveness.h has the design):
+every rank's heartbeat in a shared table in ftcomm-run's run directory, and SIGKILL for a rank
+that stays silent while a peer waits on it. Also the watchdog for MPI calls that cannot be
+interrupted (spawn, merge): past its deadline it kills this rank rather than hang."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from .. import _C
+
+
+def beat() -> None:
+    """Refreshes this rank's heartbeat. A rank busy outside ftcomm's waits (a promoted spare
+    running its set-up) calls it so that waiting peers do not fence it."""
+    _C.liveness_beat()
+
+
+def finished(world_rank: int) -> bool:
+    """True when ``world_rank`` is exiting, was fenced, is gone, or is not tracked on this host."""
+    return bool(_C.liveness_finished(int(world_rank)))
+
+
+def fence_silent(world_ranks, max_silence_s: float) -> list[int]:
+    """SIGKILLs the ranks of ``world_ranks`` on this host that have been silent for longer than
+    ``max_silence_s`` seconds; returns the world ranks it killed."""
+    return list(_C.fence_silent([int(w) for w in world_ranks], float(max_silence_s)))
+
+
+def fence_timeout() -> float:
+    """Seconds of silence after which a waiting peer fences a rank (FTCOMM_FENCE_TIMEOUT)."""
+    return float(_C.fence_timeout())
+
+
+@contextmanager
+def watchdog(seconds: float, what: str):
+    """Runs the body under a watchdog: if it has not returned after ``seconds``, this rank is
+    killed (SIGKILL), so that its peers see a failure instead of a hang. For MPI calls that
+    cannot be polled against a deadline."""
+    token = _C.watchdog_arm(float(seconds), what, False)
+    try:
+        yield
+    finally:
+        _C.watchdog_disarm(token)

@@ -1,0 +1,232 @@
+"""Every ``FTCOMM_*`` environment variable ftcomm reads, with its default, unit and meaning.
+
+This is the one module that reads them: the other modules call the functions below, and the
+C++ core gets its part through ``ftcomm._C.configure`` (``ftcomm.core.runtime``). The README's
+settings table lists the same names (``tests/unit/test_layers.py`` compares the two). Values are
+read when asked for, so a test or a script may set a variable after ``import ftcomm``; the core's
+part is read once, at import.
+
+Build-time variables (``FTCOMM_CUDA``, ``FTCOMM_CUDA_ARCHS``) are read by ``setup.py``, which runs
+before this package exists; they are in the README's table too.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``name``, ``default`` (used when unset or empty), ``parse`` (text
+    to value; raises ValueError on bad text), ``meaning`` (one line, for errors and docs)."""
+
+    name: str
+    default: object
+    parse: Callable[[str], object]
+    meaning: str
+
+    def text(self) -> str | None:
+        """The variable's text, or None when it is unset or empty."""
+        value = os.environ.get(self.name)
+        return value if value not in (None, "") else None
+
+    def get(self):
+        """The parsed value, or ``default``.
+
+        Raises:
+            ValueError: the text does not parse (the message names the variable and its text).
+        """
+        text = self.text()
+        if text is None:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={text!r}: {exc} ({self.meaning})") from None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be a non-negative integer")
+    return value
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() not in _FALSE_WORDS
+
+
+def _word(choices: tuple) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+SETTINGS: dict[str, Setting] = {}
+
+
+def _define(name: str, default, parse, meaning: str) -> Setting:
+    SETTINGS[name] = Setting(name, default, parse, meaning)
+    return SETTINGS[name]
+
+
+TIMEOUT = _define("FTCOMM_TIMEOUT", 60.0, _seconds, "seconds any blocking call may take")
+CHUNK_BYTES = _define("FTCOMM_CHUNK_BYTES", 1 << 20, _count, "ring allreduce pipelining chunk, bytes")
+FENCE_TIMEOUT = _define("FTCOMM_FENCE_TIMEOUT", None, _seconds,
+                        "seconds of silence after which a waiting rank fences a peer (default FTCOMM_TIMEOUT)")
+FINALIZE_TIMEOUT = _define("FTCOMM_FINALIZE_TIMEOUT", 30.0, _seconds,
+                           "seconds MPI_Finalize may take at exit before the rank just exits")
+JOIN_TIMEOUT = _define("FTCOMM_JOIN_TIMEOUT", 600.0, _seconds,
+                       "seconds the survivors of a torch job wait for a promoted spare to reach the hand-over")
+SPARES = _define("FTCOMM_SPARES", 0, _count, "idle spare ranks at the end of MPI_COMM_WORLD (set by ftcomm-run)")
+RECOVERY_POLICY = _define("FTCOMM_RECOVERY_POLICY", None, _word(("shrink", "spares", "respawn")),
+                          "what recover() does without a policy")
+RESPAWN = _define("FTCOMM_RESPAWN", None, _word(("force",)), "force: try MPI_Comm_spawn on Open MPI 5.0.x too")
+PROFILE = _define("FTCOMM_PROFILE", False, _flag, "print each allreduce step's phase times to stderr")
+RUN_DIR = _define("FTCOMM_RUN_DIR", None, str, "ftcomm-run's run directory (liveness table, exit reports)")
+FAULT = _define("FTCOMM_FAULT", "", str, "fault injection specs (ftcomm.fault)")
+NODE = _define("FTCOMM_NODE", None, str, "this rank's node name, for node-aware buddy placement")
+FAKE_NODE = _define("FTCOMM_FAKE_NODE", None, str, "node name set by ftcomm-run --fake-nodes")
+NODE_AWARE = _define("FTCOMM_NODE_AWARE", True, _flag, "place replicas on other nodes than their owners")
+TORCH_ENV = _define("FTCOMM_TORCH_ENV", True, _flag,
+                    "import ftcomm.torch fills in RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from MPI")
+TORCH_ASYNC = _define("FTCOMM_TORCH_ASYNC", True, _flag,
+                      "run the torch backend's collectives on ftcomm's communication thread")
+
+# Read by setup.py at build time (documented here so that the README's table can be checked).
+BUILD_SETTINGS = ("FTCOMM_CUDA", "FTCOMM_CUDA_ARCHS")
+
+
+# -- what the other modules call --------------------------------------------------------------
+def default_timeout() -> float:
+    """FTCOMM_TIMEOUT: deadline of every blocking call, in seconds (default 60)."""
+    return TIMEOUT.get()
+
+
+def timeout_is_set() -> bool:
+    """True when FTCOMM_TIMEOUT is set (it then overrides the timeout torch passes)."""
+    return TIMEOUT.text() is not None
+
+
+def resolve_timeout(timeout) -> float:
+    """``timeout`` in seconds as a float, or FTCOMM_TIMEOUT when None.
+
+    Raises:
+        ValueError: ``timeout`` is not a positive number.
+    """
+    value = default_timeout() if timeout is None else float(timeout)
+    if not value > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return value
+
+
+def chunk_bytes() -> int:
+    """FTCOMM_CHUNK_BYTES: ring allreduce chunk size in bytes (default 1 MiB)."""
+    return CHUNK_BYTES.get()
+
+
+def fence_timeout() -> float:
+    """FTCOMM_FENCE_TIMEOUT, else FTCOMM_TIMEOUT: seconds of silence after which a waiting rank
+    fences a peer on its host."""
+    value = FENCE_TIMEOUT.get()
+    return default_timeout() if value is None else value
+
+
+def finalize_timeout() -> float:
+    """FTCOMM_FINALIZE_TIMEOUT: seconds MPI_Finalize may take at exit (default 30)."""
+    return FINALIZE_TIMEOUT.get()
+
+
+def join_timeout() -> float:
+    """FTCOMM_JOIN_TIMEOUT: seconds the survivors of a torch job wait for a promoted spare to
+    start (imports, data set, model) and reach the hand-over (default 600)."""
+    return JOIN_TIMEOUT.get()
+
+
+def spares() -> int:
+    """FTCOMM_SPARES: idle spare ranks at the end of MPI_COMM_WORLD (``ftcomm-run --spares S``)."""
+    return SPARES.get()
+
+
+def recovery_policy(default: str = "shrink") -> str:
+    """FTCOMM_RECOVERY_POLICY: what ``Communicator.recover()`` does without a policy ("shrink",
+    "spares" or "respawn"); ``default`` when unset."""
+    value = RECOVERY_POLICY.get()
+    return default if value is None else value
+
+
+def respawn_forced() -> bool:
+    """FTCOMM_RESPAWN=force: try MPI_Comm_spawn even where ftcomm knows it to be unreliable."""
+    return RESPAWN.get() == "force"
+
+
+def profile() -> bool:
+    """FTCOMM_PROFILE: print each allreduce step's validate / ring / agree times to stderr."""
+    return PROFILE.get()
+
+
+def run_dir() -> str | None:
+    """FTCOMM_RUN_DIR: the run directory ftcomm-run made for this job, or None."""
+    return RUN_DIR.get()
+
+
+def fault_specs() -> str:
+    """FTCOMM_FAULT: fault injection specs (syntax in ftcomm.core.fault); "" when unset."""
+    return FAULT.get()
+
+
+def node_name_override() -> str | None:
+    """FTCOMM_NODE, else FTCOMM_FAKE_NODE: this rank's node name when set, else None."""
+    return NODE.get() or FAKE_NODE.get()
+
+
+def node_aware() -> bool:
+    """FTCOMM_NODE_AWARE: place replicas on other nodes than their owners (default on)."""
+    return NODE_AWARE.get()
+
+
+def torch_env() -> bool:
+    """FTCOMM_TORCH_ENV: ``import ftcomm.torch`` fills in torch's rendezvous variables (default on)."""
+    return TORCH_ENV.get()
+
+
+def torch_async() -> bool:
+    """FTCOMM_TORCH_ASYNC: the torch backend runs collectives on its own thread (default on)."""
+    return TORCH_ASYNC.get()
+
+
+# -- variables ftcomm sets ----------------------------------------------------------------------
+def launcher_environment(run_dir_path: str, spare_count: int) -> dict[str, str]:
+    """The variables ``ftcomm-run`` sets for every rank of the job it starts."""
+    env = {RUN_DIR.name: run_dir_path}
+    if spare_count:
+        env[SPARES.name] = str(spare_count)
+    return env
+
+
+def forwarded_names() -> list[str]:
+    """Names of the FTCOMM_* variables set in this environment that the launcher forwards to the
+    ranks (every one but those it sets itself)."""
+    own = {RUN_DIR.name, SPARES.name}
+    return sorted(n for n in os.environ if n.startswith("FTCOMM_") and n not in own)
+
+
+def forget_job_settings() -> None:
+    """In a process that MPI_Comm_spawn started: drop the settings that belong to the first job
+    (its run directory, fault plan and spare count), since this process's MPI_COMM_WORLD ranks
+    start at 0 again and would take the first job's world rank 0's place in them."""
+    for setting in (RUN_DIR, FAULT, SPARES):
+        os.environ.pop(setting.name, None)

@@ -1,0 +1,86 @@
+"""The torch backend's process-wide step state: whether a ``resilient`` loop is running, whether
+a failure has poisoned its current step, and the recoveries so far.
+
+Process groups write it (``note_recovery``) when they rebuild their communicator; the
+optimizer-step pre-hook reads it to void a poisoned step; ``ResilientLoader`` (``loader.py``)
+reads and resets it at each step boundary. It imports nothing else of the backend, so every
+other module of it can import this one.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch.optim.optimizer as _optim
+
+from ..core.events import RecoveryEvent
+from .executor import EXECUTOR
+
+
+class _StepState:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.guards = 0            # resilient loops running
+        self.poisoned = False      # a failure hit the current step
+        self.skipped = False       # an optimizer step was voided in the current step
+        self.events: list[RecoveryEvent] = []
+        self.hook = None
+        self.joinable = 0          # running resilient loops a promoted spare can join
+
+
+STATE = _StepState()
+
+
+def recoveries() -> list[RecoveryEvent]:
+    """Every recovery of an ftcomm process group in this process so far, oldest first
+    (``ftcomm.RecoveryEvent``: ``lost_world_ranks``, ``old_size``, ``new_size``, ``where`` (the
+    collective that saw the failure), ``step``, ``recover_s``, ``policy``, ``promoted``,
+    ``handover_s``, ``in_resilient_step``)."""
+    with STATE.lock:
+        return list(STATE.events)
+
+
+def note_recovery(event: RecoveryEvent, redo: bool = True) -> bool:
+    """Called by a process group after it rebuilt its communicator. Returns True when a resilient
+    step is running (the step is then poisoned and will be redone), False otherwise (the failed
+    collective then raises). ``redo=False``: record only (a failure during a join hand-over)."""
+    with STATE.lock:
+        event.in_resilient_step = redo and STATE.guards > 0
+        STATE.events.append(event)
+        if event.in_resilient_step:
+            STATE.poisoned = True
+        return event.in_resilient_step
+
+
+def note_handover(seconds: float) -> None:
+    """``join.py``, on a survivor: the hand-over after the latest recovery took ``seconds``."""
+    with STATE.lock:
+        if STATE.events:
+            STATE.events[-1].handover_s = seconds
+
+
+def join_ready() -> bool:
+    """True while a resilient loop runs that a promoted spare can join (given model, optimizer
+    and iterated through ``epochs()``): only then does a failure bring in a spare."""
+    with STATE.lock:
+        return STATE.joinable > 0
+
+
+def _void_poisoned_step(optimizer, args, kwargs):
+    """Global optimizer-step pre-hook: in a poisoned step, drop every gradient so the step is a
+    no-op (optimizers skip parameters whose ``grad`` is None)."""
+    if STATE.guards == 0:
+        return None
+    EXECUTOR.drain()
+    if STATE.poisoned:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        STATE.skipped = True
+    return None
+
+
+def install_hook() -> None:
+    """Installs the optimizer-step pre-hook that voids a poisoned step (once per process)."""
+    with STATE.lock:
+        if STATE.hook is None:
+            STATE.hook = _optim.register_optimizer_step_pre_hook(_void_poisoned_step)
