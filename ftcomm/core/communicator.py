@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _C, settings
-from ..errors import InvalidInputError, UlfmUnavailableError
+from ..errors import FtError, InvalidInputError, UlfmUnavailableError
 from . import cuda, events, p2p, runtime
 from .buffers import describe as describe_buffers
 from .buffers import raw as raw_buffer
@@ -325,10 +325,25 @@ class Communicator:
             else:
                 self._core.allreduce(bufs.triples, *args)
         except InvalidInputError as error:
-            if bufs.detail:  # this rank's own input was rejected: say which buffer and why
-                raise InvalidInputError(f"{error}; on this rank, {bufs.detail}", step=error.step) from None
-            raise
+            raise self._with_offender_detail(error, bufs.detail, timeout) from None
         return int(step)
+
+    def _with_offender_detail(self, error: InvalidInputError, detail: str, timeout) -> InvalidInputError:
+        """The validation's error completed with what the offending rank saw of its own input
+        (which buffer, its dtype or device, the op it gave), the same text on every rank: one
+        min/max round finds the highest rank with such a detail, one broadcast shares it. Every
+        rank got the same error, so every rank runs these two rounds; if they fail, the error
+        goes as it was."""
+        try:
+            _, maxs = self.minmax([self.rank if detail else -1], timeout=timeout)
+            if maxs[0] < 0:
+                return error
+            root = maxs[0]
+            text = self.broadcast_bytes(detail.encode() if self.rank == root else None, root, timeout=timeout)
+        except FtError:
+            return error
+        return InvalidInputError(f"{error}; rank {root} (world rank {self.world_ranks[root]}) saw: {text.decode()}",
+                                 step=error.step)
 
     def exchange(self, sends=(), recvs=(), tag: int = 0, timeout: float | None = None) -> None:
         """Point-to-point batch: every ``(peer, buffer)`` in ``sends`` is sent to ``peer`` and
