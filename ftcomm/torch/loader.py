@@ -16,12 +16,14 @@ What happens when a rank dies during a step (say in a gradient bucket's allreduc
    optimizer to None, so the step changes nothing (params, moments and step counts untouched).
 3. At the next iteration, ``resilient`` re-splits the samples of this epoch that no applied step
    has used (the interrupted step's batches of every rank, the dead rank's not-yet-read batches and
-   everyone's remaining ones) over the survivors, as ``DistributedSampler`` would, points the
-   sampler at the new rank and world size for later epochs, and goes on. The interrupted step is
-   thus redone over the survivors, with gradients averaged over the new world size (DDP reads
-   ``pg.size()`` at each backward), and no sample of the epoch is lost or used twice (up to the
-   padding ``DistributedSampler`` itself adds). torch's CPU RNG is rewound to where the voided
-   step started, so the redone step draws the same random numbers (dropout masks).
+   everyone's remaining ones) over the survivors, round-robin as ``DistributedSampler`` deals but
+   without its padding (each rank runs the same number of steps; a last batch may hold one sample
+   more than another rank's), points the sampler at the new rank and world size for later epochs,
+   and goes on. The interrupted step is thus redone over the survivors, with gradients averaged
+   over the new world size (DDP reads ``pg.size()`` at each backward), and no sample of the epoch
+   is lost or used twice (the padding ``DistributedSampler`` added before the failure aside).
+   torch's CPU RNG is rewound to where the voided step started, so the redone step draws the same
+   random numbers (dropout masks).
 
 With spare ranks a spare takes the dead rank's place instead and the survivors hand it their
 state at the end of the voided step (``join.py``); the loop is then written with ``model=``,
@@ -166,24 +168,27 @@ class ResilientLoader:
                 "for epoch in loader.epochs(E): for batch in loader: ... (docs/TORCH.md, Spares)")
         return True
 
-    def _loader_over(self, indices):
+    def _loader_over(self, plan, rank: int):
+        """A DataLoader over this rank's part of ``plan``, in as many batches as every other rank
+        runs (``resplit.batches``), with the original loader's settings."""
         from torch.utils.data import DataLoader
 
         src = self.loader
-        kwargs = dict(batch_size=src.batch_size, sampler=indices, num_workers=src.num_workers,
-                      collate_fn=src.collate_fn, pin_memory=src.pin_memory, drop_last=src.drop_last,
+        steps = resplit.steps_for(plan, src.batch_size, drop_last=src.drop_last)
+        kwargs = dict(batch_sampler=resplit.batches(plan[rank], src.batch_size, steps),
+                      num_workers=src.num_workers, collate_fn=src.collate_fn, pin_memory=src.pin_memory,
                       timeout=src.timeout, worker_init_fn=src.worker_init_fn, generator=src.generator)
         if src.num_workers > 0:
             kwargs.update(multiprocessing_context=src.multiprocessing_context,
                           prefetch_factor=src.prefetch_factor)
         return DataLoader(src.dataset, **kwargs)
 
-    def _iter_keeping_rng(self, indices):
-        """An iterator over ``indices`` that leaves torch's RNG as it was: ``iter(DataLoader)``
-        draws a seed from it, which the epoch's first iterator already did, so a run with a
-        re-split draws the same random numbers as one without."""
+    def _iter_keeping_rng(self, plan, rank: int):
+        """An iterator over this rank's part of ``plan`` that leaves torch's RNG as it was:
+        ``iter(DataLoader)`` draws a seed from it, which the epoch's first iterator already did,
+        so a run with a re-split draws the same random numbers as one without."""
         state = torch.get_rng_state()
-        it = iter(self._loader_over(indices))
+        it = iter(self._loader_over(plan, rank))
         torch.set_rng_state(state)
         return it
 
@@ -201,7 +206,7 @@ class ResilientLoader:
             it = iter(self.loader)
         else:  # a newcomer's first pass: the survivors' remaining samples of this epoch
             plan = resplit.carry_on(resume["plan"], resume["used"], pg.size(), drop_last=sampler.drop_last)
-            it = self._iter_keeping_rng(plan[pg.rank()])
+            it = self._iter_keeping_rng(plan, pg.rank())
         plan_size = pg.size()
         used = 0             # batches of the current plan whose step was applied
         generation = pg.generation
@@ -245,7 +250,7 @@ class ResilientLoader:
                     plan = resplit.carry_on(plan, used * batch_size, pg.size(), drop_last=sampler.drop_last)
                     plan_size, used = pg.size(), 0
                     resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
-                    it = self._iter_keeping_rng(plan[pg.rank()])
+                    it = self._iter_keeping_rng(plan, pg.rank())
                 elif skipped:
                     redo = batch
                 generation = pg.generation

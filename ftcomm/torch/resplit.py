@@ -1,10 +1,12 @@
 """Re-splitting an epoch's remaining samples over the survivors (pure index arithmetic).
 
-An epoch plan is the list of dataset indices each rank reads, in order, one list per rank, all of
-the same length (what ``DistributedSampler`` gives every rank). After ``consumed`` steps of
+An epoch plan is the list of dataset indices each rank reads, in order, one list per rank (what
+``DistributedSampler`` gives every rank: lists of one length). After ``consumed`` steps of
 ``batch_size`` samples were applied, each rank has used the first ``consumed * batch_size``
 indices of its list; the rest, interleaved in the sampler's global order, is dealt again over
-the new number of ranks.
+the new number of ranks, each sample exactly once: the new lists may differ in length by one,
+and ``batches`` cuts every rank's list into the same number of batches, so that every rank runs
+the same number of steps (DDP needs that).
 """
 from __future__ import annotations
 
@@ -54,20 +56,43 @@ def carry_on(plan: list[list[int]], used: int, num_replicas: int, drop_last: boo
 
 
 def deal(indices: list[int], num_replicas: int, drop_last: bool = False) -> list[list[int]]:
-    """Splits ``indices`` over ``num_replicas`` ranks round-robin, as ``DistributedSampler`` does:
-    equal lengths, padded by repeating from the start (or cut, when ``drop_last``)."""
+    """Splits ``indices`` over ``num_replicas`` ranks round-robin, as ``DistributedSampler`` does,
+    but without its padding: every index goes to exactly one rank, and lengths differ by at most
+    one. ``drop_last`` cuts the tail to a multiple of ``num_replicas`` instead (as the sampler
+    does). Only when there are fewer indices than ranks are some repeated, so that every rank
+    has one (a step needs every rank).
+
+    Raises:
+        ValueError: ``num_replicas`` < 1.
+    """
     if num_replicas < 1:
         raise ValueError("num_replicas must be at least 1")
     n = len(indices)
     if drop_last:
-        total = (n // num_replicas) * num_replicas
-        padded = indices[:total]
+        dealt = indices[: (n // num_replicas) * num_replicas]
+    elif 0 < n < num_replicas:
+        dealt = (list(indices) * num_replicas)[:num_replicas]
     else:
-        total = -(-n // num_replicas) * num_replicas
-        padded = list(indices)
-        while len(padded) < total and indices:
-            padded += indices[: total - len(padded)]
-    return [padded[q::num_replicas] for q in range(num_replicas)]
+        dealt = list(indices)
+    return [dealt[q::num_replicas] for q in range(num_replicas)]
+
+
+def batches(indices: list[int], batch_size: int, steps: int) -> list[list[int]]:
+    """``indices`` cut into ``steps`` batches of ``batch_size`` in order, the last one taking what
+    is left (possibly one more than ``batch_size``, when this rank's list is one longer than
+    another's that fills ``steps`` batches exactly)."""
+    if steps <= 0:
+        return []
+    out = [indices[k * batch_size:(k + 1) * batch_size] for k in range(steps - 1)]
+    out.append(indices[(steps - 1) * batch_size:])
+    return out
+
+
+def steps_for(plan: list[list[int]], batch_size: int, drop_last: bool = False) -> int:
+    """Steps every rank runs over ``plan``: as many as the shortest list fills (a partial batch
+    counts, unless ``drop_last``)."""
+    shortest = min((len(lst) for lst in plan), default=0)
+    return shortest // batch_size if drop_last else -(-shortest // batch_size)
 
 
 def reconfigure_sampler(sampler, rank: int, num_replicas: int) -> None:

@@ -66,6 +66,29 @@ def test_kill_in_ddp_backward_allreduce_is_redone_and_converges():
 
 
 @pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_resplit_after_a_shrink_uses_each_remaining_sample_once():
+    """392 samples: after the kill 392 - 6 x 32 = 200 remain, not a multiple of 3. They are dealt
+    67 / 67 / 66 without padding: every sample of the epoch is used by exactly one applied step,
+    and every survivor applies the same number of steps. Later epochs keep the sampler's own
+    padding (392 over 3 ranks: one sample twice)."""
+    n, victim, samples, batch, epochs = 4, 2, 392, 8, 2
+    job = run_job(JOBS / "torch_ddp_kill.py", n, "--epochs", epochs, "--samples", samples, "--batch", batch,
+                  env={"FTCOMM_FAULT": f"rank={victim},point=reduce_scatter,step=6,kind=kill"}, timeout=110)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    # epoch 0: 6 steps at 4 ranks, then ceil(66 / 8) = 9 at 3 ranks; epoch 1: ceil(131 / 8) = 17
+    assert {rep["applied"] for rep in finals.values()} == {6 + 9 + 17}
+    for epoch, padding in ((0, 0), (1, 3 * 131 - samples)):
+        used = collections.Counter(
+            i for r in job.reports
+            if r["kind"] == "batch" and r["epoch"] == epoch and not r["skipped"] for i in r["idx"])
+        assert sorted(used) == list(range(samples)), f"epoch {epoch}: samples lost"
+        assert sum(used.values()) - samples == padding, f"epoch {epoch}: {sum(used.values()) - samples} reused"
+
+
+@pytest.mark.fault
 @pytest.mark.timeout(120)
 def test_raw_allreduce_outside_resilient_raises_and_group_is_rebuilt():
     n, victim = 4, 0  # world rank 0 also hosts torch's TCP store

@@ -99,10 +99,28 @@ def test_remaining_and_deal():
     plan = [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
     rest = resplit.remaining(plan, 1)
     assert rest == [4, 5, 6, 7, 8, 9, 10, 11]
-    assert resplit.deal(rest, 3) == [[4, 7, 10], [5, 8, 11], [6, 9, 4]]
+    assert resplit.deal(rest, 3) == [[4, 7, 10], [5, 8, 11], [6, 9]]  # each once: no padding
     assert resplit.deal(rest, 3, drop_last=True) == [[4, 7], [5, 8], [6, 9]]
+    assert resplit.deal([4], 3) == [[4], [4], [4]]  # fewer samples than ranks: every rank needs one
     # padding repeats of already used indices are not used again
     assert resplit.remaining([[0, 2], [1, 0]], 1) == [2]
+
+
+@pytest.mark.parametrize("remaining,ranks,batch", [(161, 3, 32), (160, 3, 32), (96, 3, 32), (7, 3, 4), (2, 3, 8)])
+def test_resplit_batches_every_sample_once_in_equal_step_counts(remaining, ranks, batch):
+    """After a shrink the rest of the epoch is dealt without padding; every rank runs the same
+    number of steps and every remaining sample is in exactly one batch (fewer samples than ranks
+    is the one case that repeats some, since a step needs every rank)."""
+    plan = resplit.deal(list(range(remaining)), ranks)
+    steps = resplit.steps_for(plan, batch)
+    per_rank = [resplit.batches(lst, batch, steps) for lst in plan]
+    assert all(len(b) == steps for b in per_rank)
+    assert all(0 < len(x) <= batch + 1 for b in per_rank for x in b)
+    used = sorted(i for b in per_rank for x in b for i in x)
+    if remaining >= ranks:
+        assert used == list(range(remaining))
+    else:
+        assert sorted(set(used)) == list(range(remaining)) and len(used) == ranks
 
 
 def test_sampler_plan_and_reconfigure():
