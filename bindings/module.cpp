@@ -155,14 +155,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("mpi_library_version", &ftcomm::MpiLibraryVersion);
   RegisterEnums(m);
   m.def("configure",
-        [](double fence_timeout_s, const std::string& run_dir, bool profile) {
+        [](double fence_timeout_s, const std::string& run_dir, bool profile, bool late_rank_fence) {
           ftcomm::CoreSettings settings;
           settings.fence_timeout_s = fence_timeout_s;
           settings.run_dir = run_dir;
           settings.profile = profile;
+          settings.late_rank_fence = late_rank_fence;
           ftcomm::Configure(settings);
         },
-        py::arg("fence_timeout_s"), py::arg("run_dir"), py::arg("profile"),
+        py::arg("fence_timeout_s"), py::arg("run_dir"), py::arg("profile"), py::arg("late_rank_fence"),
         "Hands the core its settings (core/settings.h); called once by ftcomm.core.runtime.");
 
   py::class_<PyCommunicator>(m, "Communicator")
@@ -361,9 +362,8 @@ PYBIND11_MODULE(_C, m) {
         "True when the rank is exiting, fenced, gone, or not tracked on this host");
   m.def("fence_silent", &ftcomm::liveness::FenceSilent, py::arg("world_ranks"), py::arg("max_silence_s"),
         "SIGKILLs the listed ranks on this host that are silent for longer than max_silence_s");
-  m.def("liveness_beat", &ftcomm::liveness::Beat,
-        "Refreshes this rank's heartbeat (a rank busy outside ftcomm's waits, such as a promoted "
-        "spare running its set-up, beats this way so that waiting peers do not fence it).");
+  m.def("liveness_describe", &ftcomm::liveness::Describe, py::arg("world_rank"),
+        "One line naming a rank and what it is doing (for error messages).");
   m.def("fence_timeout", &ftcomm::liveness::FenceTimeout,
         "Seconds of silence after which a waiting peer fences a rank.");
 

@@ -155,7 +155,8 @@ def report(args, summary, accuracy, wall, events) -> None:
         print("recovery timeline:")
         start = events[0]["time"]
         for e in events:
-            detail = {k: v for k, v in e.items() if k not in ("time", "event", "rank")}
+            detail = {k: round(v, 4) if isinstance(v, float) else v for k, v in e.items()
+                      if k not in ("time", "event", "rank", "detected_time", "old_to_new") and v not in (None, [], False)}
             print(f"  +{e['time'] - start:8.4f} s  rank {e['rank']}  {e['event']:<13} {json.dumps(detail)}")
     repairs = mttr(events)
     for r in repairs:

@@ -83,10 +83,13 @@ def _define(name: str, default, parse, meaning: str) -> Setting:
     return SETTINGS[name]
 
 
-TIMEOUT = _define("FTCOMM_TIMEOUT", 60.0, _seconds, "seconds any blocking call may take")
+TIMEOUT = _define("FTCOMM_TIMEOUT", 600.0, _seconds, "seconds any blocking call may take")
 CHUNK_BYTES = _define("FTCOMM_CHUNK_BYTES", 1 << 20, _count, "ring allreduce pipelining chunk, bytes")
 FENCE_TIMEOUT = _define("FTCOMM_FENCE_TIMEOUT", None, _seconds,
-                        "seconds of silence after which a waiting rank fences a peer (default FTCOMM_TIMEOUT)")
+                        "seconds without a process heartbeat after which a waiting rank fences a peer "
+                        "(default FTCOMM_TIMEOUT, at most 10)")
+LATE_RANK = _define("FTCOMM_LATE_RANK", "fence", _word(("fence", "raise")),
+                    "what happens to a live rank that misses a collective's deadline: fence or raise")
 FINALIZE_TIMEOUT = _define("FTCOMM_FINALIZE_TIMEOUT", 30.0, _seconds,
                            "seconds MPI_Finalize may take at exit before the rank just exits")
 JOIN_TIMEOUT = _define("FTCOMM_JOIN_TIMEOUT", 600.0, _seconds,
@@ -112,7 +115,9 @@ BUILD_SETTINGS = ("FTCOMM_CUDA", "FTCOMM_CUDA_ARCHS")
 
 # -- what the other modules call --------------------------------------------------------------
 def default_timeout() -> float:
-    """FTCOMM_TIMEOUT: deadline of every blocking call, in seconds (default 60)."""
+    """FTCOMM_TIMEOUT: deadline of every blocking call, in seconds (default 600, torch's default
+    for NCCL groups: long enough for an evaluation or a checkpoint on one rank while the others
+    wait; a stopped or dead rank is found by the heartbeat and ULFM, not by this)."""
     return TIMEOUT.get()
 
 
@@ -139,10 +144,20 @@ def chunk_bytes() -> int:
 
 
 def fence_timeout() -> float:
-    """FTCOMM_FENCE_TIMEOUT, else FTCOMM_TIMEOUT: seconds of silence after which a waiting rank
-    fences a peer on its host."""
+    """FTCOMM_FENCE_TIMEOUT: seconds without a process heartbeat (a thread of each rank beats
+    every 100 ms, whatever the rank is doing) after which a waiting rank fences a peer on its
+    host: the peer is stopped, frozen or dead. Default FTCOMM_TIMEOUT, at most 10 s."""
     value = FENCE_TIMEOUT.get()
-    return default_timeout() if value is None else value
+    return min(default_timeout(), 10.0) if value is None else value
+
+
+def late_rank_fence() -> bool:
+    """FTCOMM_LATE_RANK: "fence" (default): a live rank that has not arrived in a collective by
+    its deadline (busy outside ftcomm, or hung inside it) is fenced like a dead one, and the
+    survivors go on; "raise": it is only named in the CollectiveTimeoutError of the ranks that
+    waited for it (no agreement is possible without it, so the outcome is local and the
+    communicator is left revoked)."""
+    return LATE_RANK.get() == "fence"
 
 
 def finalize_timeout() -> float:

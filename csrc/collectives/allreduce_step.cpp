@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/liveness.h"
 #include "core/settings.h"
 #include "core/tags.h"
 #include "fault/injection.h"
@@ -45,7 +46,20 @@ Scratch& StagingScratch() {
 // the min in one small allreduce.
 constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
 
-enum Field { kStep, kOp, kNumBuffers, kLayoutHash, kTotalCount, kProblem, kProblemRank, kFields };
+enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
+             kFields };
+
+// "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
+std::string RankName(const Communicator& comm, int64_t rank) {
+  std::string out = "rank " + std::to_string(rank);
+  if (rank >= 0 && rank < comm.size()) out += " (world rank " + std::to_string(comm.world_ranks()[rank]) + ")";
+  return out;
+}
+
+const char* DTypeName(int64_t code) {
+  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int32", "int64"};
+  return code >= 0 && code < kNumDTypes ? names[code] : "none";
+}
 
 uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, dtype) pairs
@@ -96,11 +110,17 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
   size_t total = 0;
   for (const RingBuffer& b : buffers) total += b.count;
   local[kStep] = opt.step;
+  // The rank rides in the low bits of a second copy (steps below 2^43), so that the min and max
+  // also say who passed them.
+  const bool packable = opt.step >= 0 && opt.step < (int64_t(1) << 42);
+  local[kStepRank] = (packable ? opt.step : 0) * kRankSlots + comm.rank();
   local[kOp] = static_cast<int64_t>(opt.op);
   local[kNumBuffers] = static_cast<int64_t>(buffers.size());
   local[kLayoutHash] = static_cast<int64_t>(LayoutHash(buffers));
   // The rank rides in the low bits, so that the max and min also say who passed them.
   local[kTotalCount] = static_cast<int64_t>(total) * kRankSlots + comm.rank();
+  const int64_t first_dtype = buffers.empty() ? kNumDTypes : static_cast<int64_t>(buffers[0].dtype);
+  local[kFirstDType] = first_dtype * kRankSlots + comm.rank();
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
   if (opt.step <= comm.last_committed_step()) {
@@ -119,28 +139,33 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
 
   std::string why;
   if (max_of(kProblem) == static_cast<int64_t>(InputProblem::kStepNotAfterCommitted)) {
-    why = "rank " + std::to_string(max_of(kProblemRank)) + " passed step " +
+    why = RankName(comm, max_of(kProblemRank)) + " passed step " +
           std::to_string(min_of(kStep)) + ", which is not after the last committed step " +
           std::to_string(comm.last_committed_step()) + " (steps must increase)";
   } else if (max_of(kProblem) != 0) {
-    why = "rank " + std::to_string(max_of(kProblemRank)) + " rejected its input: " +
+    why = RankName(comm, max_of(kProblemRank)) + " rejected its input: " +
           InputProblemText(static_cast<InputProblem>(max_of(kProblem)));
   } else if (min_of(kStep) != max_of(kStep)) {
-    why = "ranks passed different step ids (from " + std::to_string(min_of(kStep)) + " to " +
+    why = "ranks passed different step ids (" + RankName(comm, min_of(kStepRank) % kRankSlots) + ": " +
+          std::to_string(min_of(kStep)) + ", " + RankName(comm, max_of(kStepRank) % kRankSlots) + ": " +
           std::to_string(max_of(kStep)) + ")";
   } else if (min_of(kOp) != max_of(kOp)) {
-    why = "ranks passed different reduction ops";
+    why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
+          std::to_string(max_of(kOp)) + ")";
   } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
     why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
           " to " + std::to_string(max_of(kNumBuffers)) + ")";
   } else if (min_of(kTotalCount) / kRankSlots != max_of(kTotalCount) / kRankSlots) {
-    why = "ranks passed buffers of different lengths (rank " +
-          std::to_string(min_of(kTotalCount) % kRankSlots) + ": " +
-          std::to_string(min_of(kTotalCount) / kRankSlots) + " elements, rank " +
-          std::to_string(max_of(kTotalCount) % kRankSlots) + ": " +
+    why = "ranks passed buffers of different lengths (" + RankName(comm, min_of(kTotalCount) % kRankSlots) +
+          ": " + std::to_string(min_of(kTotalCount) / kRankSlots) + " elements, " +
+          RankName(comm, max_of(kTotalCount) % kRankSlots) + ": " +
           std::to_string(max_of(kTotalCount) / kRankSlots) + ")";
+  } else if (min_of(kFirstDType) / kRankSlots != max_of(kFirstDType) / kRankSlots) {
+    why = "ranks passed different dtypes (" + RankName(comm, min_of(kFirstDType) % kRankSlots) + ": " +
+          DTypeName(min_of(kFirstDType) / kRankSlots) + ", " + RankName(comm, max_of(kFirstDType) % kRankSlots) +
+          ": " + DTypeName(max_of(kFirstDType) / kRankSlots) + ")";
   } else if (min_of(kLayoutHash) != max_of(kLayoutHash)) {
-    why = "ranks passed buffers of different lengths or dtypes";
+    why = "ranks passed buffers of different lengths or dtypes (within the bucket)";
   }
   if (why.empty()) return Status::Ok();
   // Name the step the same way on every rank, even when their step ids differ (the highest).
@@ -155,9 +180,19 @@ Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
 // agree) to stderr: the tool for telling protocol latency from ring bandwidth when tuning.
 bool ProfileEnabled() { return CurrentSettings().profile; }
 
+std::string FormatSeconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", seconds);
+  return buf;
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// Seconds the commit agreement may take beyond the step's deadline (with the 0.5 s a timed-out
+// wait may spend draining, a step returns at most 1.5 s after its timeout).
+constexpr double kAgreeGraceSeconds = 1.0;
 
 // Agreement bits: a set bit means "all is well" so that the AND clears it if any rank objects.
 constexpr int kBitCompleted = 1;
@@ -188,12 +223,16 @@ Status Abort(Communicator& comm, std::vector<RingAllreduce>& rings, int agreed_f
   std::string what = "allreduce step " + std::to_string(opt.step) + " aborted, buffers unchanged";
   if (!failed.empty()) {
     std::string list;
-    for (size_t i = 0; i < failed.size(); ++i) list += (i ? ", " : "") + std::to_string(failed[i]);
-    out = Status::Error(StatusCode::kProcFailed, what + ": rank(s) [" + list + "] failed");
+    for (size_t i = 0; i < failed.size(); ++i) {
+      list += (i ? "; " : "") + liveness::Describe(comm.world_ranks()[failed[i]]) + " [rank " +
+              std::to_string(failed[i]) + " of " + std::to_string(comm.size()) + "]";
+    }
+    out = Status::Error(StatusCode::kProcFailed, what + ": failed: " + list);
     out.failed_ranks = failed;
   } else if (!(agreed_flag & kBitNoTimeout)) {
-    out = Status::Error(StatusCode::kTimeout, what + ": a rank's deadline passed (" +
-                                                  std::to_string(opt.timeout_s) + " s)");
+    std::string here = local.code == StatusCode::kTimeout ? "; here: " + local.message : "";
+    out = Status::Error(StatusCode::kTimeout, what + ": a rank's deadline passed (" + FormatSeconds(opt.timeout_s) +
+                                                  ")" + here);
   } else {
     out = Status::Error(StatusCode::kRevoked, what + ": the communicator was revoked");
   }
@@ -245,19 +284,27 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
     result->replayed = true;
     return Status::Ok();
   }
-  if (comm.IsRevoked()) {
+  if (comm.has_recovered()) {
+    // Every survivor went through this communicator's abort already and holds its shrunk
+    // successor: the same answer everywhere, with no communication.
     Status s = Status::Error(StatusCode::kRevoked,
-                             "allreduce on a revoked communicator: call recover() first");
+                             "allreduce on a communicator that already failed: call recover() first");
     s.step = opt.step;
     return s;
   }
+  liveness::ActivityScope activity(liveness::Activity::kAllreduce, opt.step);
   const Deadline deadline(opt.timeout_s);
   const int world_rank = comm.world_ranks()[comm.rank()];
   fault::Point("before", world_rank, opt.step);
 
   std::vector<RingAllreduce> rings;
   const auto t_start = std::chrono::steady_clock::now();
-  Status local = Validate(comm, buffers, opt, deadline);
+  // Revoked before this rank arrived (a failure seen by a peer): no early return, which would
+  // leave the peers alone in their agreement; this rank joins it with "not completed" and every
+  // rank takes the same path through the abort's shrink.
+  Status local = comm.IsRevoked()
+                     ? Status::Error(StatusCode::kRevoked, "allreduce: the communicator was revoked")
+                     : Validate(comm, buffers, opt, deadline);
   const double validate_s = SecondsSince(t_start);
   if (local.code == StatusCode::kInvalidInput) {
     if (local.step < 0) local.step = opt.step;
@@ -288,7 +335,10 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   fault::Point("commit", world_rank, opt.step);
   int flag = (local.ok() ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout);
   bool saw_failure = false;
-  Status agreed = comm.Agree(&flag, opt.timeout_s, &saw_failure);
+  // What is left of the step's deadline, and a little more: after a failure every rank leaves
+  // the ring at once (the communicator is revoked), so the agreement waits only for stragglers.
+  const double agree_s = std::max(deadline.seconds_left(), 0.0) + kAgreeGraceSeconds;
+  Status agreed = comm.Agree(&flag, agree_s, &saw_failure);
   if (ProfileEnabled()) {
     const double total_s = SecondsSince(t_start);
     std::fprintf(stderr, "ftcomm-profile rank %d step %lld: validate %.1f us, ring %.1f us, agree %.1f us\n",
@@ -301,8 +351,12 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   }
   if (!agreed.ok()) {
     for (RingAllreduce& ring : rings) ring.Undo();
+    // The agreement itself did not complete: a rank is alive but not here (it left the
+    // program, or is in another call), so no uniform outcome is possible.
+    agreed.message = "allreduce step " + std::to_string(opt.step) + ", buffers unchanged: " + agreed.message;
+    if (local.code == StatusCode::kTimeout && local.message != agreed.message) agreed.message += "; before: " + local.message;
     agreed.step = opt.step;
-    return agreed;  // the agreement itself timed out: no uniform outcome is possible
+    return agreed;
   }
   return Abort(comm, rings, flag, opt, local);
 }

@@ -38,16 +38,20 @@ Status Exchange(Communicator& comm, const std::vector<Transfer>& sends,
   if (comm.IsRevoked()) {
     return Status::Error(StatusCode::kRevoked, "exchange on a revoked communicator: recover first");
   }
+  liveness::ActivityScope activity(liveness::Activity::kExchange, comm.last_committed_step());
   std::vector<MPI_Request> requests;
+  std::vector<int> peers;  // judged if the deadline passes: only these can keep this wait
   Status s;
   for (const Transfer& t : recvs) {
     if (s.ok()) s = Post(comm, t, tag, false, &requests);
+    peers.push_back(t.peer);
   }
   for (const Transfer& t : sends) {
     if (s.ok()) s = Post(comm, t, tag, true, &requests);
+    peers.push_back(t.peer);
   }
   if (s.ok()) {
-    s = comm.Wait(requests.data(), static_cast<int>(requests.size()), Deadline(timeout_s), "exchange");
+    s = comm.Wait(requests.data(), static_cast<int>(requests.size()), Deadline(timeout_s), "exchange", &peers);
   }
   if (!s.ok()) {
     comm.Drain(requests.data(), static_cast<int>(requests.size()));  // revokes first

@@ -4,14 +4,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "core/liveness.h"
 #include "core/mpi_compat.h"
+#include "core/settings.h"
 #include "core/watchdog.h"
 
 namespace ftcomm {
 namespace {
+
+std::string FormatSeconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", seconds);
+  return buf;
+}
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string out = "[";
@@ -35,6 +43,9 @@ std::vector<int> TranslateAll(MPI_Comm from, MPI_Comm to) {
   return out;
 }
 
+// How long Drain waits for requests to complete in error before it cancels them.
+constexpr double kDrainSeconds = 0.5;
+
 // Polls politely: ranks often outnumber cores (4 ranks on 2 cores here), and a rank that spins
 // without yielding steals the time its peers need to make the progress it is waiting for.
 void Backoff(int idle_polls) {
@@ -42,26 +53,32 @@ void Backoff(int idle_polls) {
   if (idle_polls > 20000) usleep(50);
 }
 
-// A wait's deadline, extended once by a grace period when the wait fenced a stuck peer: ULFM needs
-// a moment to report the rank we killed, and a uniform ProcFailedError beats a local timeout.
-// A peer silent for longer than this (seconds) is not polling ftcomm: it is computing, or stuck.
-constexpr double kSilentSeconds = 1.0;
+}  // namespace
 
-bool GiveUp(const Deadline& deadline, liveness::FenceTimer* fence,
-            const std::vector<int>& world_ranks) {
-  if (!deadline.expired()) return false;
-  fence->Poll(/*force=*/true);  // one last look before giving up
-  const double overrun = -deadline.seconds_left();
-  if (fence->fenced()) return overrun > liveness::kFenceGraceSeconds;
-  // A silent peer that will reach the fence timeout within another timeout of this call may be
-  // stuck: wait until it is fenced rather than time out a moment before, so that every survivor
-  // sees the same process failure. The overrun is bounded by the call's own timeout (plus 1 s).
-  const double silence = liveness::LongestSilence(world_ranks);
-  const double needed = std::max(kSilentSeconds, liveness::FenceTimeout() - deadline.timeout_seconds());
-  return overrun > deadline.timeout_seconds() + 1.0 || silence < needed;
+// The end of a wait whose deadline passed. The first time, the members this wait depends on are
+// judged (liveness::Judge): stopped ones are fenced, and late or hung ones under the late-rank
+// policy "fence"; the others are named. If anybody was fenced (here or by another rank) the wait
+// goes on for a grace period, so that ULFM reports the death and every survivor sees the same
+// process failure; otherwise it gives up with a timeout that names who kept it waiting.
+bool WaitDeadline::GiveUp() {
+  if (!deadline_.expired()) return false;
+  if (!judged_) {
+    judged_ = true;
+    liveness::Verdict verdict = liveness::Judge(judged_ranks_.empty() ? members_ : judged_ranks_,
+                                                CurrentSettings().late_rank_fence);
+    if (!verdict.fenced.empty()) fence_.note_fenced();
+    why_ = verdict.why;
+  }
+  fence_.Poll(/*force=*/true);
+  if (fence_.fenced()) return -deadline_.seconds_left() > liveness::kFenceGraceSeconds;
+  return true;
 }
 
-}  // namespace
+Status WaitDeadline::TimeoutStatus(const char* what) const {
+  std::string message = std::string(what) + ": no progress within " + FormatSeconds(deadline_.timeout_seconds());
+  if (!why_.empty()) message += ": " + why_;
+  return Status::Error(StatusCode::kTimeout, message);
+}
 
 Communicator::Communicator(MPI_Comm comm) : comm_(comm), ft_enabled_(FtEnabled()) {
   MPI_Comm_rank(comm_, &rank_);
@@ -75,13 +92,12 @@ Communicator::~Communicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  // Freeing a communicator that saw a failure is not safe on every MPI; such handles are left
-  // to MPI_Finalize (a few bytes each).
-  if (comm_ != MPI_COMM_NULL && !failure_seen_ && !IsRevoked()) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 Status Communicator::Create(MPI_Comm parent, double timeout_s, std::unique_ptr<Communicator>* out) {
   liveness::Register();  // publish pid and heartbeat, so that peers can fence this rank if it hangs
+  liveness::ActivityScope activity(liveness::Activity::kDup, -1);
   MPI_Comm dup = MPI_COMM_NULL;
   int rc;
   {
@@ -106,6 +122,14 @@ Status Communicator::SyncNew(double timeout_s) {
     return Status::Error(StatusCode::kProcFailed, "a rank failed while the communicator was created");
   }
   return s;
+}
+
+std::vector<int> Communicator::WorldRanksOf(const std::vector<int>& ranks) const {
+  std::vector<int> out;
+  for (int r : ranks) {
+    if (r >= 0 && r < size_) out.push_back(world_ranks_[r]);
+  }
+  return out;
 }
 
 Status Communicator::Revoke() {
@@ -169,7 +193,8 @@ Status Communicator::Classify(int mpi_rc, const std::string& what) {
   std::vector<int> failed;
   FailedRanks(&failed);
   if (!failed.empty()) {
-    Status s = Status::Error(StatusCode::kProcFailed, what + ": rank(s) " + RankList(failed) + " failed");
+    Status s = Status::Error(StatusCode::kProcFailed, what + ": world rank(s) " + RankList(WorldRanksOf(failed)) +
+                                                          " failed (rank(s) " + RankList(failed) + " here)");
     s.failed_ranks = failed;
     return s;
   }
@@ -185,9 +210,9 @@ Status Communicator::Classify(int mpi_rc, const std::string& what) {
 }
 
 Status Communicator::Wait(MPI_Request* requests, int count, const Deadline& deadline,
-                          const char* what) {
+                          const char* what, const std::vector<int>* peers) {
   int idle_polls = 0;
-  liveness::FenceTimer fence(world_ranks_);
+  WaitDeadline end(deadline, world_ranks_, peers ? WorldRanksOf(*peers) : std::vector<int>());
   for (;;) {
     bool pending = false;
     for (int i = 0; i < count; ++i) {
@@ -201,19 +226,17 @@ Status Communicator::Wait(MPI_Request* requests, int count, const Deadline& dead
       if (!done) pending = true;
     }
     if (!pending) return Status::Ok();
-    fence.Poll();  // heartbeat, and fence peers silent for longer than FTCOMM_FENCE_TIMEOUT
-    if (GiveUp(deadline, &fence, world_ranks_)) {
-      return Status::Error(StatusCode::kTimeout,
-                           std::string(what) + ": no progress within " +
-                               std::to_string(deadline.timeout_seconds()) + " s");
-    }
+    end.Poll();  // progress beat, and fence members whose process stopped
+    if (end.GiveUp()) return end.TimeoutStatus(what);
     Backoff(++idle_polls);
   }
 }
 
 void Communicator::Drain(MPI_Request* requests, int count) {
   if (ft_enabled_ && !IsRevoked()) Revoke();
-  Deadline deadline(5.0);
+  // Point-to-point requests complete in error within milliseconds of the revoke; an agreement's
+  // does not, and must not hold the call past its bound (docs/DESIGN.md, "Hangs and fencing").
+  Deadline deadline(kDrainSeconds);
   for (;;) {
     bool pending = false;
     for (int i = 0; i < count; ++i) {
@@ -236,6 +259,7 @@ void Communicator::Drain(MPI_Request* requests, int count) {
 }
 
 Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
+  liveness::ActivityScope activity(liveness::Activity::kAgree, last_committed_step_);
   *saw_failure = false;
   Deadline deadline(timeout_s);
   if (!ft_enabled_) {
@@ -251,7 +275,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
   // being acknowledged, and the flag is still agreed; after an ack the next agreement does not
   // raise for that failure. So the loop below runs the same number of times on every rank.
   int value = *flag;
-  liveness::FenceTimer fence(world_ranks_);
+  WaitDeadline end(deadline, world_ranks_);
   for (int attempt = 0; attempt <= size_; ++attempt) {
     int contributed = value;
     MPI_Request req;
@@ -261,11 +285,10 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
       while (!done) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) break;
-        if (!done) fence.Poll();
-        if (!done && GiveUp(deadline, &fence, world_ranks_)) {
+        if (!done) end.Poll();
+        if (!done && end.GiveUp()) {
           Drain(&req, 1);
-          return Status::Error(StatusCode::kTimeout, "agree: no agreement within " +
-                                                         std::to_string(timeout_s) + " s");
+          return end.TimeoutStatus("agree");
         }
         if (!done) Backoff(++idle_polls);
       }
@@ -288,6 +311,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
 }
 
 Status Communicator::Barrier(double timeout_s) {
+  liveness::ActivityScope activity(liveness::Activity::kBarrier, last_committed_step_);
   MPI_Request req;
   int rc = MPI_Ibarrier(comm_, &req);
   if (rc != MPI_SUCCESS) return Classify(rc, "barrier");
@@ -302,6 +326,7 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
     return Status::Error(StatusCode::kUlfmUnavailable, "shrink needs an MPI with ULFM switched on");
   }
 #if FTCOMM_HAVE_ULFM
+  liveness::ActivityScope activity(liveness::Activity::kShrink, last_committed_step_);
   failure_seen_ = true;
   MPI_Comm current = comm_;
   std::unique_ptr<Communicator> result;
@@ -338,6 +363,7 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
 }
 
 Status Communicator::Split(int color, int key, double timeout_s, std::unique_ptr<Communicator>* out) {
+  liveness::ActivityScope activity(liveness::Activity::kSplit, last_committed_step_);
   MPI_Comm split = MPI_COMM_NULL;
   int rc;
   {
@@ -358,6 +384,7 @@ Status Communicator::Split(int color, int key, double timeout_s, std::unique_ptr
 }
 
 Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* source) {
+  liveness::ActivityScope activity(liveness::Activity::kSignal, -1);
   const bool forever = timeout_s < 0;  // idle spares wait for as long as the job runs
   Deadline deadline(forever ? 0.0 : timeout_s);
   int idle_polls = 0;
@@ -392,10 +419,12 @@ Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* sour
 }
 
 Status Communicator::Signal(int peer, int tag, int value, double timeout_s) {
+  liveness::ActivityScope activity(liveness::Activity::kSignal, -1);
   MPI_Request req;
   int rc = MPI_Isend(&value, 1, MPI_INT, peer, tag, comm_, &req);
   if (rc != MPI_SUCCESS) return Classify(rc, "signal");
-  Status s = Wait(&req, 1, Deadline(timeout_s), "signal");
+  const std::vector<int> peers{peer};
+  Status s = Wait(&req, 1, Deadline(timeout_s), "signal", &peers);
   if (!s.ok() && req != MPI_REQUEST_NULL) {
     // Not Drain: a signal that could not be delivered must not revoke the whole pool.
     MPI_Cancel(&req);

@@ -11,9 +11,33 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/liveness.h"
 #include "core/status.h"
 
 namespace ftcomm {
+
+// One wait's deadline, with what happens when it passes (liveness::Judge): the members the wait
+// depends on are judged once, a fenced member earns a grace period for ULFM's report, and the
+// timeout's message names who kept the wait.
+class WaitDeadline {
+ public:
+  // `members`: world ranks of the communicator (fenced when their process stops); `judged`:
+  // world ranks this wait depends on (judged at the deadline), empty for every member. Both are
+  // only read once the deadline passes or every 200 ms, so the common path allocates nothing.
+  WaitDeadline(const Deadline& deadline, const std::vector<int>& members, std::vector<int> judged = {})
+      : deadline_(deadline), fence_(members), members_(members), judged_ranks_(std::move(judged)) {}
+  void Poll() { fence_.Poll(); }
+  bool GiveUp();
+  Status TimeoutStatus(const char* what) const;
+
+ private:
+  const Deadline& deadline_;
+  liveness::FenceTimer fence_;
+  const std::vector<int>& members_;
+  std::vector<int> judged_ranks_;
+  bool judged_ = false;
+  std::string why_;
+};
 
 class Communicator {
  public:
@@ -71,8 +95,13 @@ class Communicator {
 
   // Waits for the given requests until the deadline. On an error, the error is classified by the
   // communicator's failure state (a dead peer can surface as MPI_ERR_OTHER or MPI_ERR_REVOKED
-  // as well as MPI_ERR_PROC_FAILED). Completed requests are set to MPI_REQUEST_NULL.
-  Status Wait(MPI_Request* requests, int count, const Deadline& deadline, const char* what);
+  // as well as MPI_ERR_PROC_FAILED). Completed requests are set to MPI_REQUEST_NULL. `peers`:
+  // the ranks the requests depend on (judged if the deadline passes); null: every member.
+  Status Wait(MPI_Request* requests, int count, const Deadline& deadline, const char* what,
+              const std::vector<int>* peers = nullptr);
+
+  // MPI_COMM_WORLD ranks of the given ranks of this communicator.
+  std::vector<int> WorldRanksOf(const std::vector<int>& ranks) const;
 
   // After a failure: revokes (if not yet revoked) and waits, briefly, for the given requests to
   // complete in error so that MPI no longer touches their buffers; cancels what is left.

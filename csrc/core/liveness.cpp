@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,28 +20,36 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 namespace ftcomm {
 namespace liveness {
 namespace {
 
 // One slot per world rank. Written only by its owner (and `state` by a fencer); read by peers on
-// the same host. Fields are atomics so that concurrent readers never see torn values.
+// the same host. Fields are atomics so that concurrent readers never see torn values. Times are
+// CLOCK_MONOTONIC nanoseconds (one clock per host).
 struct alignas(64) Slot {
-  std::atomic<int64_t> pid;         // 0: not registered
-  std::atomic<int64_t> start_time;  // /proc/<pid>/stat field 22: tells a reused pid apart
-  std::atomic<uint64_t> host;       // hash of the host name: fence only on this host
-  std::atomic<int64_t> beat_ns;     // CLOCK_MONOTONIC (one clock per host) at the last sign of life
-  std::atomic<int64_t> state;       // kRunning, kExiting, kFenced
+  std::atomic<int64_t> pid;          // 0: not registered
+  std::atomic<int64_t> start_time;   // /proc/<pid>/stat field 22: tells a reused pid apart
+  std::atomic<uint64_t> host;        // hash of the host name: fence only on this host
+  std::atomic<int64_t> beat_ns;      // process heartbeat (the heartbeat thread)
+  std::atomic<int64_t> progress_ns;  // last poll inside an ftcomm wait
+  std::atomic<int64_t> since_ns;     // when the current activity began (or the last one ended)
+  std::atomic<int64_t> step;         // the step of the current (or last) activity, -1 if none
+  std::atomic<int32_t> state;        // kRunning, kExiting, kFenced
+  std::atomic<int32_t> activity;     // Activity, | kEnded once that call returned
 };
 static_assert(sizeof(Slot) == 64, "one cache line per rank");
-constexpr int64_t kRunning = 1, kExiting = 2, kFenced = 3;
+constexpr int32_t kRunning = 1, kExiting = 2, kFenced = 3;
+constexpr int32_t kEnded = 0x100;  // activity bit: the call has returned, the rank is outside ftcomm
 
 std::mutex g_mu;
 Slot* g_table = nullptr;  // mapped table, nullptr when fencing is off
 int g_world_size = 0;
 int g_world_rank = -1;
 std::set<int> g_killed;  // world ranks this process has fenced
+thread_local int g_scope_depth = 0;  // ActivityScope nesting on this thread
 
 double NowSeconds() {
   timespec ts;
@@ -86,7 +95,88 @@ int64_t StartTime(int64_t pid) {
   return value;
 }
 
+// The process heartbeat: a thread of its own, so that the heartbeat says only "this process is
+// alive and scheduled", whatever its main thread is doing. Started once, never joined (it must
+// beat through MPI_Finalize at interpreter exit).
+void HeartbeatLoop(Slot* me) {
+  const auto period = std::chrono::duration<double>(kHeartbeatSeconds);
+  for (;;) {
+    me->beat_ns.store(NowNs(), std::memory_order_relaxed);
+    std::this_thread::sleep_for(period);
+  }
+}
+
+Slot* Mine() {
+  Slot* table = g_table;
+  return table == nullptr ? nullptr : &table[g_world_rank];
+}
+
+// A member this process may look at and fence: registered, running, on this host, not itself.
+Slot* Peer(int w, uint64_t host) {
+  Slot* table = g_table;
+  if (table == nullptr || w < 0 || w >= g_world_size || w == g_world_rank) return nullptr;
+  Slot& s = table[w];
+  if (s.pid.load() <= 0 || s.host.load() != host || s.state.load() != kRunning) return nullptr;
+  if (StartTime(s.pid.load()) != s.start_time.load()) return nullptr;  // gone (ULFM sees that itself)
+  return &s;
+}
+
+// Kills a peer found by Peer; `why` goes to stderr and stays with the slot's state.
+bool Fence(int w, Slot& s, const std::string& why) {
+  if (g_killed.count(w)) return false;
+  g_killed.insert(w);
+  s.state.store(kFenced);
+  std::fprintf(stderr, "ftcomm: fencing world rank %d (pid %lld): %s; SIGKILL so that ULFM reports it as failed\n",
+               w, static_cast<long long>(s.pid.load()), why.c_str());
+  std::fflush(stderr);
+  kill(static_cast<pid_t>(s.pid.load()), SIGKILL);
+  return true;
+}
+
+std::string Seconds(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", ns * 1e-9);
+  return buf;
+}
+
+std::string CallName(int32_t activity, int64_t step) {
+  std::string name = ActivityName(static_cast<Activity>(activity & ~kEnded));
+  if (step >= 0) name += " step " + std::to_string(step);
+  return name;
+}
+
+// What a slot says the rank is doing, in words ("outside ftcomm for 3.2 s, last in allreduce
+// step 6"; "in barrier for 0.4 s, not polling for 0.3 s").
+std::string Doing(const Slot& s, int64_t now) {
+  const int32_t activity = s.activity.load();
+  const int64_t step = s.step.load();
+  const int64_t since = now - s.since_ns.load();
+  if (activity == static_cast<int32_t>(Activity::kOutside)) return "outside ftcomm for " + Seconds(since) + ", no ftcomm call yet";
+  if (activity & kEnded) return "outside ftcomm for " + Seconds(since) + ", last in " + CallName(activity, step);
+  std::string out = "in " + CallName(activity, step) + " for " + Seconds(since);
+  const int64_t idle = now - s.progress_ns.load();
+  if (idle > static_cast<int64_t>(kStoppedSeconds * 1e9)) out += ", not polling for " + Seconds(idle);
+  return out;
+}
+
 }  // namespace
+
+const char* ActivityName(Activity activity) {
+  switch (activity) {
+    case Activity::kOutside: return "no call";
+    case Activity::kAllreduce: return "allreduce";
+    case Activity::kAgree: return "agree";
+    case Activity::kBarrier: return "barrier";
+    case Activity::kExchange: return "exchange";
+    case Activity::kShrink: return "shrink";
+    case Activity::kSplit: return "split";
+    case Activity::kDup: return "communicator creation";
+    case Activity::kSignal: return "signal";
+    case Activity::kValidate: return "input validation";
+    case Activity::kFinalize: return "MPI_Finalize";
+  }
+  return "an ftcomm call";
+}
 
 double FenceTimeout() { return CurrentSettings().fence_timeout_s; }
 
@@ -133,25 +223,45 @@ void Register() {
   g_world_size = size;
   g_world_rank = rank;
   Slot& me = g_table[rank];
-  me.beat_ns.store(NowNs());
+  const int64_t now = NowNs();
+  me.beat_ns.store(now);
+  me.progress_ns.store(now);
+  me.since_ns.store(now);
+  me.step.store(-1);
+  me.activity.store(static_cast<int32_t>(Activity::kOutside));
   me.host.store(HostHash());
   me.start_time.store(StartTime(getpid()));
   me.state.store(kRunning);
   me.pid.store(getpid());  // last: a peer reads the other fields only once pid is set
+  std::thread(HeartbeatLoop, &me).detach();
 }
 
 void Beat() {
-  Slot* table = g_table;
-  if (table != nullptr) table[g_world_rank].beat_ns.store(NowNs(), std::memory_order_relaxed);
+  Slot* me = Mine();
+  if (me != nullptr) me->progress_ns.store(NowNs(), std::memory_order_relaxed);
 }
 
 void MarkExiting() {
-  Slot* table = g_table;
-  if (table != nullptr) table[g_world_rank].state.store(kExiting);
+  Slot* me = Mine();
+  if (me != nullptr) me->state.store(kExiting);
 }
 
-std::vector<int> FenceStale(const std::vector<int>& world_ranks) {
-  return FenceSilent(world_ranks, FenceTimeout());
+ActivityScope::ActivityScope(Activity activity, int64_t step) : outermost_(g_scope_depth++ == 0) {
+  Slot* me = Mine();
+  if (me == nullptr || !outermost_) return;
+  const int64_t now = NowNs();
+  me->progress_ns.store(now, std::memory_order_relaxed);
+  me->since_ns.store(now, std::memory_order_relaxed);
+  me->step.store(step, std::memory_order_relaxed);
+  me->activity.store(static_cast<int32_t>(activity));
+}
+
+ActivityScope::~ActivityScope() {
+  --g_scope_depth;
+  Slot* me = Mine();
+  if (me == nullptr || !outermost_) return;
+  me->since_ns.store(NowNs(), std::memory_order_relaxed);
+  me->activity.store(me->activity.load() | kEnded);
 }
 
 bool Finished(int world_rank) {
@@ -165,56 +275,93 @@ bool Finished(int world_rank) {
 
 std::vector<int> FenceSilent(const std::vector<int>& world_ranks, double max_silence_s) {
   std::vector<int> killed;
-  Slot* table = g_table;
-  if (table == nullptr) return killed;
+  if (g_table == nullptr) return killed;
   const uint64_t host = HostHash();
-  const int64_t now = NowNs();
   const int64_t limit = static_cast<int64_t>(max_silence_s * 1e9);
   std::lock_guard<std::mutex> lock(g_mu);
   for (int w : world_ranks) {
-    if (w < 0 || w >= g_world_size || w == g_world_rank || g_killed.count(w)) continue;
-    Slot& s = table[w];
-    const int64_t pid = s.pid.load();
-    if (pid <= 0 || s.host.load() != host || s.state.load() != kRunning) continue;
-    const int64_t silent = now - s.beat_ns.load();
+    Slot* s = Peer(w, host);
+    if (s == nullptr) continue;
+    const int64_t silent = NowNs() - s->beat_ns.load();
     if (silent <= limit) continue;
-    if (StartTime(pid) != s.start_time.load()) continue;  // gone already (ULFM sees that itself)
-    g_killed.insert(w);
-    s.state.store(kFenced);
-    std::fprintf(stderr,
-                 "ftcomm: fencing world rank %d (pid %lld): no sign of life for %.1f s "
-                 "(limit %.1f s); SIGKILL so that ULFM reports it as failed\n",
-                 w, static_cast<long long>(pid), silent * 1e-9, max_silence_s);
-    std::fflush(stderr);
-    kill(static_cast<pid_t>(pid), SIGKILL);
-    killed.push_back(w);
+    char limit_text[32];
+    std::snprintf(limit_text, sizeof(limit_text), "%.1f s", max_silence_s);
+    if (Fence(w, *s, "no heartbeat for " + Seconds(silent) + " (limit " + limit_text + "): the process is stopped or frozen")) {
+      killed.push_back(w);
+    }
   }
   return killed;
 }
 
-double LongestSilence(const std::vector<int>& world_ranks) {
+std::string Describe(int world_rank) {
+  std::string name = "world rank " + std::to_string(world_rank);
   Slot* table = g_table;
-  if (table == nullptr) return 0.0;
+  if (table == nullptr || world_rank < 0 || world_rank >= g_world_size) return name;
+  const Slot& s = table[world_rank];
+  if (s.pid.load() <= 0) return name + " (not registered)";
+  if (s.host.load() != HostHash()) return name + " (another host)";
+  name += " (pid " + std::to_string(s.pid.load()) + ")";
+  const std::string doing = Doing(s, NowNs());
+  if (s.state.load() == kFenced) return name + ": fenced, was " + doing;
+  if (s.state.load() == kExiting) return name + ": exiting";
+  if (StartTime(s.pid.load()) != s.start_time.load()) return name + ": gone, was " + doing;
+  return name + ": " + doing;
+}
+
+Verdict Judge(const std::vector<int>& world_ranks, bool late_rank_fence) {
+  Verdict verdict;
+  Slot* me = Mine();
+  if (me == nullptr) return verdict;
   const uint64_t host = HostHash();
+  const int32_t my_activity = me->activity.load();
+  const int64_t my_step = me->step.load();
   const int64_t now = NowNs();
-  double longest = 0.0;
+  const int64_t stopped = static_cast<int64_t>(kStoppedSeconds * 1e9);
+  std::lock_guard<std::mutex> lock(g_mu);
   for (int w : world_ranks) {
-    if (w < 0 || w >= g_world_size || w == g_world_rank) continue;
-    Slot& s = table[w];
-    const int64_t pid = s.pid.load();
-    if (pid <= 0 || s.host.load() != host || s.state.load() != kRunning) continue;
-    const double silent = (now - s.beat_ns.load()) * 1e-9;
-    if (silent > longest && StartTime(pid) == s.start_time.load()) longest = silent;
+    if (w >= 0 && w < g_world_size && w != g_world_rank && g_table[w].state.load() == kExiting &&
+        g_table[w].host.load() == host) {
+      verdict.why += (verdict.why.empty() ? "" : "; ") + std::string("world rank ") + std::to_string(w) +
+                     " has ended its program (a collective that not every rank called?)";
+      continue;
+    }
+    Slot* s = Peer(w, host);
+    if (s == nullptr) continue;
+    const int32_t activity = s->activity.load();
+    const bool same_call = activity == my_activity && s->step.load() == my_step;
+    const bool polling = now - s->progress_ns.load() <= stopped;
+    if (same_call && polling) continue;  // waiting with us: not the one we wait for
+    const std::string doing = Doing(*s, now);
+    std::string clause = "world rank " + std::to_string(w) + " " + doing;
+    if (now - s->beat_ns.load() > stopped) {  // no heartbeat: stopped or frozen
+      if (Fence(w, *s, "no heartbeat for " + Seconds(now - s->beat_ns.load()) + " while peers waited for it")) {
+        verdict.fenced.push_back(w);
+      }
+      clause += ", stopped (fenced)";
+    } else if (!(activity & kEnded) && activity != 0 && !same_call && polling) {
+      clause += ": waiting in another call, not in " + CallName(my_activity, my_step) +
+                " (a collective that not every rank called?)";
+    } else if ((activity & kEnded || activity == 0) && now - s->since_ns.load() <= stopped) {
+      clause += " (just left its last call: on its way)";
+    } else if (late_rank_fence) {  // outside ftcomm for a while, or inside this call but not polling
+      if (Fence(w, *s, "did not arrive in " + CallName(my_activity, my_step) + " by its deadline: " + doing)) {
+        verdict.fenced.push_back(w);
+      }
+      clause += " (fenced: late)";
+    } else {
+      clause += " (late)";
+    }
+    verdict.why += (verdict.why.empty() ? "" : "; ") + clause;
   }
-  return longest;
+  return verdict;
 }
 
 void FenceTimer::Poll(bool force) {
   const double now = NowSeconds();
+  Beat();
   if (!force && now < next_check_) return;
   next_check_ = now + 0.2;
-  Beat();
-  if (!FenceStale(world_ranks_).empty()) fenced_ = true;
+  if (!FenceSilent(world_ranks_, FenceTimeout()).empty()) fenced_ = true;
   // A member fenced by another rank counts too: this wait must also stay for ULFM's report,
   // or the ranks would leave the collective at different points.
   Slot* table = g_table;

@@ -11,6 +11,7 @@ struct CoreSettings {
   double fence_timeout_s = 60.0;  // silence after which a waiting peer fences a rank (seconds)
   std::string run_dir;            // ftcomm-run's run directory (liveness table); empty: none
   bool profile = false;           // print each allreduce step's phase times to stderr
+  bool late_rank_fence = true;    // a rank that misses a collective's deadline is fenced (else named)
 };
 
 // Replaces the settings. Called once at start-up; not meant to change while collectives run.

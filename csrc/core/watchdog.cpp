@@ -73,7 +73,8 @@ class Watchdog {
       // A guarded call is running: this rank is alive, and its peers may be stuck.
       liveness::Beat();
       for (auto& [token, entry] : entries_) {
-        if (!entry.fence_members.empty() && !liveness::FenceStale(entry.fence_members).empty()) {
+        if (!entry.fence_members.empty() &&
+            !liveness::FenceSilent(entry.fence_members, liveness::FenceTimeout()).empty()) {
           entry.fenced = true;
         }
       }

@@ -4,7 +4,7 @@ The recovery verbs follow the ULFM chapter of the MPI Forum draft (mpi-forum/mpi
 revoke (MPIX_Comm_revoke), shrink (MPIX_Comm_shrink), agree (MPIX_Comm_agree), failure ack
 (MPIX_Comm_ack_failed / MPIX_Comm_get_failed). They are called from the C++ core, never through
 mpi4py, whose fallbacks are not fault tolerant. Every blocking call has a deadline: the
-``timeout`` argument, else FTCOMM_TIMEOUT (default 60 s).
+``timeout`` argument, else FTCOMM_TIMEOUT (default 600 s).
 """
 from __future__ import annotations
 

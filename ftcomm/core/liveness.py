@@ -1,6 +1,6 @@
 """Liveness and fencing for the layers above the core (csrc/core/liveness.h has the design):
-every rank's heartbeat in a shared table in ftcomm-run's run directory, and SIGKILL for a rank
-that stays silent while a peer waits on it. Also the watchdog for MPI calls that cannot be
+every rank's process heartbeat and current ftcomm call in a shared table in ftcomm-run's run
+directory, and SIGKILL for a rank that is stopped, or late past a collective's deadline. Also the watchdog for MPI calls that cannot be
 interrupted (spawn, merge): past its deadline it kills this rank rather than hang."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from .. import _C
 
 
-def beat() -> None:
-    """Refreshes this rank's heartbeat. A rank busy outside ftcomm's waits (a promoted spare
-    running its set-up) calls it so that waiting peers do not fence it."""
-    _C.liveness_beat()
+def describe(world_rank: int) -> str:
+    """One line naming a rank and what it is doing ("world rank 2 (pid 4242): outside ftcomm for
+    3.1 s, last in allreduce step 6"), as far as this host can see it."""
+    return _C.liveness_describe(int(world_rank))
 
 
 def finished(world_rank: int) -> bool:

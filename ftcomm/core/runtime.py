@@ -43,7 +43,7 @@ if MPI.Comm.Get_parent() != MPI.COMM_NULL:
     settings.forget_job_settings()
 
 _C.configure(fence_timeout_s=settings.fence_timeout(), run_dir=settings.run_dir() or "",
-             profile=settings.profile())
+             profile=settings.profile(), late_rank_fence=settings.late_rank_fence())
 
 lost_world_ranks: set[int] = set()
 

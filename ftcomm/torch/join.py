@@ -31,10 +31,9 @@ import numpy as np
 import torch
 
 from .. import settings
-from ..core import fault, liveness
+from ..core import fault
 from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError, RevokedError,
                       StateLostError)
-from .rendezvous import newcomer_started
 from .step_state import note_handover
 
 log = logging.getLogger("ftcomm.recovery")
@@ -49,15 +48,13 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         InvalidInputError: a newcomer's model, optimizer or extra state does not accept the
             survivors' state dicts (different architecture or settings), on every rank.
         StateLostError: no rank holding the training state is left.
-        CollectiveTimeoutError: a newcomer did not arrive within FTCOMM_JOIN_TIMEOUT plus twice
-            the fence timeout, and could not be fenced (another host).
+        CollectiveTimeoutError: a newcomer did not arrive within FTCOMM_JOIN_TIMEOUT, and could
+            not be fenced (another host, or FTCOMM_LATE_RANK=raise).
     """
-    newcomer_started()
-    # A newcomer beats for FTCOMM_JOIN_TIMEOUT from its promotion; one still not here after that
-    # falls silent and is fenced like a hung rank (then replaced, or the group shrinks), which
-    # this deadline leaves time for. Only where fencing cannot reach it (another host) does the
-    # deadline end the hand-over with an error.
-    timeout = settings.join_timeout() + 2 * max(liveness.fence_timeout(), pg.timeout)
+    # A newcomer still in its set-up when this deadline passes is late: the survivors fence it
+    # (FTCOMM_LATE_RANK=fence) and go on, replacing it or shrinking. Only where fencing cannot
+    # reach it does the deadline end the hand-over with an error.
+    timeout = settings.join_timeout()
     t0 = time.perf_counter()
     while True:
         comm = pg.begin_handshake()

@@ -96,7 +96,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     Args:
         comm: the ftcomm communicator (its ranks are the group's ranks).
-        timeout: deadline of each collective, seconds (default FTCOMM_TIMEOUT, 60 s).
+        timeout: deadline of each collective, seconds (default FTCOMM_TIMEOUT, 600 s).
 
     Tensors: contiguous CPU tensors; allreduce and reduce_scatter take float32, float64, float16,
     bfloat16, int32, int64 (others fail on every rank with ``ftcomm.InvalidInputError``);

@@ -21,16 +21,11 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
-import time
 
-from .. import settings
-from ..core import liveness
 from ..membership.world import world
 
 _active: list = []         # under spares: the active Communicator from ftcomm.world(), for the factory
 _private_store: list = []  # a promoted spare's own TCP store (kept alive with the process)
-_starting = threading.Event()  # set once a promoted spare reaches the hand-over
 
 _KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -104,22 +99,6 @@ def enter_spare_pool() -> None:
         _private_store[:] = [store]
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(store.port)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-        threading.Thread(target=_beat_while_starting, name="ftcomm-newcomer-beat", daemon=True).start()
-
-
-def _beat_while_starting() -> None:
-    """A newcomer runs the script's set-up outside any ftcomm wait, so nothing refreshes its
-    heartbeat, and survivors waiting in the hand-over would fence it after FTCOMM_TIMEOUT. It
-    beats from here until the hand-over starts, for at most FTCOMM_JOIN_TIMEOUT (the survivors'
-    deadline there), so a set-up that hangs still ends."""
-    end = time.monotonic() + settings.join_timeout()
-    while not _starting.wait(0.25) and time.monotonic() < end:
-        liveness.beat()
-
-
-def newcomer_started() -> None:
-    """``join.py``: the hand-over has begun; this rank's waits beat from now on."""
-    _starting.set()
 
 
 def take_active_comm():

@@ -89,8 +89,14 @@ def test_bad_input_same_clear_error_on_every_rank_and_nothing_lost():
         expected = EXPECTED_BAD[name]
         assert (errors[0] and errors[0]["type"]) == expected, f"{name}: {errors[0]}"
     # the error names the offending rank and the reason
-    assert "rank 1" in cases["allreduce_wrong_type"][0]["msg"]
-    assert "different lengths (rank 0: 64 elements, rank 2: 65)" in cases["allreduce_length_differs"][0]["msg"]
+    assert "rank 1 (world rank 1) rejected its input" in cases["allreduce_wrong_type"][0]["msg"]
+    assert "saw: buffer 0 (int) is not an array or tensor" in cases["allreduce_wrong_type"][0]["msg"]
+    assert ("different dtypes (rank 0 (world rank 0): float32, rank 3 (world rank 3): float64)"
+            in cases["allreduce_dtype_differs"][0]["msg"])
+    assert "op 'median' was given" in cases["allreduce_bad_op"][0]["msg"]
+    assert "different step ids (rank 1 (world rank 1): 1, rank 0 (world rank 0): 2)" in cases["allreduce_step_differs"][0]["msg"]
+    assert ("different lengths (rank 0 (world rank 0): 64 elements, rank 2 (world rank 2): 65)"
+            in cases["allreduce_length_differs"][0]["msg"])
     assert "rank 2" in cases["allgather_recv_too_small"][0]["msg"]
     assert "different roots" in cases["broadcast_root_differs"][0]["msg"]
     assert cases["allreduce_step_differs"][0]["step"] == 2

@@ -23,9 +23,10 @@ def test_fake_device_allreduce_matches_host_path(n):
         assert rep["mismatches"] == [], rep
         assert rep["steps"] == 250
         assert rep["bucket_ok"] and rep["replay_ok"], rep
-        assert "rank 0 rejected its input: host and device buffers are mixed" in rep["mixed"], rep
+        assert "rank 0 (world rank 0) rejected its input: host and device buffers are mixed" in rep["mixed"], rep
+        assert "saw: buffer 1 (ndarray) is host memory" in rep["mixed"], rep
         assert rep["mixed_untouched"], rep
-        assert f"rank {n - 1} rejected its input" in rep["bad"] and rep["bad_untouched"], rep
+        assert f"rank {n - 1} (world rank {n - 1}) rejected its input" in rep["bad"] and rep["bad_untouched"], rep
 
 
 @pytest.mark.fault

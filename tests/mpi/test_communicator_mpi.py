@@ -78,7 +78,8 @@ def test_bad_input_fails_on_every_rank(comm):
     buf = np.ones(8, np.float32)
     if comm.rank == 1:
         buf.flags.writeable = False
-    with pytest.raises(ftcomm.InvalidInputError, match="rank 1 rejected its input: a buffer is read-only"):
+    with pytest.raises(ftcomm.InvalidInputError, match=r"rank 1 \(world rank 1\) rejected its input: a buffer is "
+                                                      r"read-only; .*saw: buffer 0 \(ndarray\) is read-only"):
         comm.allreduce(buf, timeout=20)
     # Lengths that differ between ranks.
     with pytest.raises(ftcomm.InvalidInputError, match="different lengths"):
