@@ -47,6 +47,9 @@ _C.configure(fence_timeout_s=settings.fence_timeout(), run_dir=settings.run_dir(
 
 lost_world_ranks: set[int] = set()
 
+# The longest MPI_Finalize may take at exit once this rank has seen ranks fail.
+FINALIZE_AFTER_FAILURE_S = 5.0
+
 
 def record_lost(world_ranks) -> None:
     lost_world_ranks.update(int(r) for r in world_ranks)
@@ -108,8 +111,9 @@ def at_shutdown(hook) -> None:
 def shutdown() -> None:
     """Writes this rank's exit report, runs the shutdown hooks and finalizes MPI. MPI_Finalize in
     ULFM mode is collective over the survivors; if it does not return within
-    FTCOMM_FINALIZE_TIMEOUT seconds the watchdog ends the process with status 0 (its work is
-    done)."""
+    FTCOMM_FINALIZE_TIMEOUT seconds (at most 5 once this rank has seen ranks fail: after a
+    failure Open MPI 5.0.x's finalize, rarely, never returns) the watchdog ends the process with
+    status 0 (its work is done)."""
     _write_exit_report()
     for hook in _shutdown_hooks:
         try:
@@ -120,7 +124,10 @@ def shutdown() -> None:
     if MPI.Is_initialized() and not MPI.Is_finalized():
         sys.stdout.flush()
         sys.stderr.flush()
-        token = _C.watchdog_arm(settings.finalize_timeout(), "MPI_Finalize", True)
+        timeout = settings.finalize_timeout()
+        if lost_world_ranks:
+            timeout = min(timeout, FINALIZE_AFTER_FAILURE_S)
+        token = _C.watchdog_arm(timeout, "MPI_Finalize", True)
         MPI.Finalize()
         _C.watchdog_disarm(token)
 
