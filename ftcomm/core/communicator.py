@@ -405,5 +405,24 @@ class Communicator:
         """
         return p2p.broadcast_bytes(self, data, root, timeout)
 
+    def require_same(self, what: str, value: str, timeout: float | None = None) -> None:
+        """Checks that ``value`` (a short text describing this rank's ``what``: its param groups'
+        sizes, say) is the same on every rank. Collective: rank 0's text is broadcast, then one
+        min/max round finds the highest rank that differs and one broadcast shares its text.
+
+        Raises:
+            InvalidInputError: on every rank, naming rank 0's and the differing rank's world ranks
+                and values.
+            ProcFailedError, RevokedError, CollectiveTimeoutError: as ``broadcast``.
+        """
+        first = self.broadcast_bytes(value.encode() if self.rank == 0 else None, 0, timeout=timeout).decode()
+        _, maxs = self.minmax([self.rank if value != first else -1], timeout=timeout)
+        if maxs[0] < 0:
+            return
+        other = maxs[0]
+        theirs = self.broadcast_bytes(value.encode() if self.rank == other else None, other, timeout=timeout)
+        raise InvalidInputError(f"{what} differ between ranks: rank 0 (world rank {self.world_ranks[0]}) has "
+                                f"{first}, rank {other} (world rank {self.world_ranks[other]}) has {theirs.decode()}")
+
 
 __all__ = ["Communicator", "register_recovery_policy", "recovery_policies"]

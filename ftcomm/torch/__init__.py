@@ -18,7 +18,8 @@ batch in loader:`` so that the newcomer can join (``join.py``). See docs/TORCH.m
 Modules: ``backend`` (registration, the process-group factory), ``process_group`` (the
 collectives), ``work`` and ``executor`` (Work objects, the communication thread), ``step_state``
 (process-wide step state), ``loader`` (``resilient``), ``join`` (hand-over to a promoted spare),
-``resplit`` (re-splitting an epoch's samples), ``rendezvous`` (environment under MPI launchers).
+``resplit`` (re-splitting an epoch's samples), ``rendezvous`` (environment under MPI launchers),
+``zero`` (``ZeroRedundancyOptimizer``: ZeRO-1 whose shards survive rank loss).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .process_group import BACKEND_NAME, SUPPORTED, ProcessGroupFtcomm
 from .rendezvous import apply_env_defaults, enter_spare_pool
 from .step_state import recoveries
 from .work import FtWork
+from .zero import ZeroRedundancyOptimizer
 
 register()
 if settings.torch_env():
@@ -52,4 +54,5 @@ __all__ = [
     "recoveries",
     "recovery_policy",
     "resilient",
+    "ZeroRedundancyOptimizer",
 ]

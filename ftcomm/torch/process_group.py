@@ -37,7 +37,7 @@ from ..core.outcome import agreed, retrying
 from ..errors import FtError, ProcFailedError, RevokedError
 from ..membership import spares
 from .executor import EXECUTOR
-from .step_state import join_ready, note_recovery
+from .step_state import in_resilient_step, join_ready, note_recovery
 from .work import FtWork, completed_work, make_future
 
 BACKEND_NAME = "ftcomm"
@@ -272,6 +272,15 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         this group already did."""
         if self._comm is comm:
             self._recover(comm, "join", exc)
+
+    def recover_after(self, comm, where: str, exc: FtError) -> bool:
+        """A failure in collectives that ran on this group's communicator ``comm`` outside the
+        group (``ZeroRedundancyOptimizer.step``'s): rebuilds the group's communicator as a failed
+        collective of its own would. Returns True when a resilient step is running (the step is
+        then voided and redone), False otherwise."""
+        if self.comm is not comm:  # the group already moved on
+            return in_resilient_step()
+        return self._recover(comm, where, exc)
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None) -> FtWork:

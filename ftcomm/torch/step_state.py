@@ -58,6 +58,25 @@ def note_handover(seconds: float) -> None:
             STATE.events[-1].handover_s = seconds
 
 
+def in_resilient_step() -> bool:
+    """True while a ``resilient`` loop runs (a failure then voids the step instead of raising)."""
+    with STATE.lock:
+        return STATE.guards > 0
+
+
+def step_voided() -> bool:
+    """True when a failure has voided the current resilient step."""
+    with STATE.lock:
+        return STATE.guards > 0 and STATE.poisoned
+
+
+def void_current_step() -> None:
+    """Marks the current step voided (``ZeroRedundancyOptimizer`` after a failure in its own
+    step): ``resilient`` redoes it, as after a failure in backward."""
+    with STATE.lock:
+        STATE.poisoned = STATE.skipped = True
+
+
 def join_ready() -> bool:
     """True while a resilient loop runs that a promoted spare can join (given model, optimizer
     and iterated through ``epochs()``): only then does a failure bring in a spare."""

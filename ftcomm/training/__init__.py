@@ -3,8 +3,8 @@ torch (for its kernels and ``torch.save``), so ``import ftcomm`` loads it only o
 
 - ``layout``: ZeRO-1 shard layout and re-shard plans; ``buddies``: who keeps which replica.
 - ``replica``: CRC-checked, double-buffered replicas in buddies' host memory.
-- ``rules``: the SGD / AdamW update rules; ``optimizer``: ``ShardedOptimizer`` (one agreement
-  per step commits it); ``rebuild``: re-shard from replicas after a failure.
+- ``stepper``: one shard's update by any elementwise ``torch.optim`` optimizer; ``optimizer``:
+  ``ShardedOptimizer`` (one agreement per step commits it); ``rebuild``: re-shard from replicas after a failure.
 - ``data``: ``ElasticSampler``, the data position as state; ``checkpoint``: the disk fallback.
 - ``elastic``: the driver that runs steps, recovers and redoes; ``events``: its JSON-lines log.
 """

@@ -50,8 +50,9 @@ def save(opt, directory: str) -> dict:
                 catch=(OSError, FtError)):
         os.makedirs(path, exist_ok=True)
         torch.save({"numel": opt.layout.numel, "world_ranks": list(opt.layout.world_ranks),
-                    "shard": comm.rank, "step": step, "slots": list(opt.rule.slots),
-                    "state": torch.from_numpy(opt.live), "meta": opt.committed_meta},
+                    "shard": comm.rank, "step": step, "slots": list(opt.stepper.slots),
+                    "state": torch.from_numpy(opt.live), "meta": opt.committed_meta,
+                    "scalars": opt.scalars},
                    os.path.join(path, f"shard{comm.rank}.pt"))
     if comm.rank == 0:
         _mark_latest(directory, step, opt.layout)
@@ -101,8 +102,8 @@ def restore(opt, comm, directory: str) -> dict:
         raise StateLostError(f"no disk checkpoint in {directory!r}", step=opt.step_id)
     old = ShardLayout(record["numel"], tuple(record["world_ranks"]))
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
-    live = np.zeros((len(opt.rule.slots), new.shard_len), np.float32)
-    meta, nbytes, ok = {}, 0, True
+    live = np.zeros((len(opt.stepper.slots), new.shard_len), np.float32)
+    meta, scalars, nbytes, ok = {}, None, 0, True
 
     def load(shard):
         return torch.load(os.path.join(directory, record["dir"], f"shard{shard}.pt"), mmap=True,
@@ -111,7 +112,8 @@ def restore(opt, comm, directory: str) -> dict:
     try:
         # The data position is global: any file has it; our own file also has our RNG state.
         mine = old.world_ranks.index(comm.world_rank) if comm.world_rank in old.world_ranks else 0
-        meta = load(mine)["meta"]
+        own = load(mine)
+        meta, scalars = own["meta"], own["scalars"]
         for shard, lo, hi in overlaps(old, new.bounds(comm.rank)):
             piece = load(shard)["state"][:, lo - old.start(shard):hi - old.start(shard)].numpy()
             live[:, lo - new.start(comm.rank):hi - new.start(comm.rank)] = piece
@@ -119,4 +121,5 @@ def restore(opt, comm, directory: str) -> dict:
     except (OSError, RuntimeError, KeyError):
         ok = False  # agreed on, with the rest of the restore, by rebuild.finish
     rebuild.finish(opt, comm, new, live, record["step"], meta, ok)
+    opt.scalars = scalars
     return {"step": record["step"], "bytes_read": nbytes, "meta": meta}

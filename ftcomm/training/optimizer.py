@@ -32,7 +32,7 @@ from ..membership import nodes
 from . import rebuild as _rebuild
 from .layout import ShardLayout
 from .replica import ReplicaStore, encode_header
-from .rules import make_rule
+from .stepper import GroupRange, ShardStepper, resolve
 
 _F32 = np.float32
 
@@ -53,23 +53,45 @@ class _PhaseClock:
         self.last = now
 
 
+def _param_groups(params) -> list[dict]:
+    """``params`` as torch optimizers take it (tensors, or dicts of param groups) -> a list of
+    group dicts, each with a list under "params"."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return [dict(g, params=list(g["params"])) for g in params]
+    return [{"params": params}]
+
+
+def _group_ranges(groups: list[dict]) -> list[GroupRange]:
+    """Each group's flat range (groups are laid out one after the other) and settings."""
+    out, start = [], 0
+    for g in groups:
+        end = start + sum(p.numel() for p in g["params"])
+        out.append(GroupRange(start, end, {k: v for k, v in g.items() if k != "params"}))
+        start = end
+    return out
+
+
 class ShardedOptimizer:
-    """ZeRO-1 sharded SGD/AdamW whose shards survive rank failures through buddy replicas.
+    """ZeRO-1 sharded optimizer whose shards survive rank failures through buddy replicas.
 
     Args:
-        params: the model's parameters (float32 CPU tensors, identical on every rank; rank 0's
-            values are broadcast at construction). They are re-pointed into one flat float32
-            buffer so that the allgather writes the model in place.
+        params: the model's parameters, or a list of param groups (dicts with "params" and the
+            group's settings) as torch optimizers take them: float32 CPU tensors that require
+            grad, identical on every rank (rank 0's values are broadcast at construction). They
+            are re-pointed into one flat float32 buffer, group after group, so that the
+            allgather writes the model in place.
         comm: the Communicator.
-        optimizer: "adamw" or "sgd".
-        lr: learning rate.
+        optimizer: a ``torch.optim.Optimizer`` class whose update is elementwise (SGD, Adam,
+            AdamW, Adagrad, RMSprop, ...; checked, see ``stepper.py``), or "adamw" (AdamW) or
+            "sgd" (SGD with momentum 0.9 unless given). torch's kernels do the math on each shard.
+        lr: learning rate (default: the class's).
         replicas: k, number of buddies holding each shard (default 1; capped at size - 1).
         grad_op: "sum" (default; the loss must then be the sum over local samples divided by the
             global batch size, which stays exact when a shrink leaves uneven local batches) or
             "avg" (equal local batches only).
         timeout: deadline in seconds for each collective, default FTCOMM_TIMEOUT.
-        **hyper: passed to the rule (SGD: momentum, weight_decay, nesterov; AdamW: betas, eps,
-            weight_decay).
+        **defaults: the optimizer class's other arguments (betas, weight_decay, momentum, ...).
 
     Memory per rank (bytes): full params 4P + flat grads 4P + live and staging shards
     2 x 4 x slots x P/N + replicas 2 x k x 4 x slots x P/N (committed + in flight).
@@ -81,18 +103,24 @@ class ShardedOptimizer:
     ``join_report`` then holds the rebuild report.
 
     Raises:
+        ValueError: parameters that are not float32 CPU tensors requiring grad, or an optimizer
+            that cannot be sharded elementwise (LBFGS, Adafactor, ...), naming it.
         ProcFailedError etc.: a rank failed during the initial broadcast or replication (on a
             newcomer: during the join; recover again and build the optimizer again).
     """
 
-    def __init__(self, params, comm, optimizer: str = "adamw", lr: float = 1e-3, replicas: int = 1,
-                 grad_op: str = "sum", timeout: float | None = None, **hyper):
-        self.params = [p for p in params if p.requires_grad]
-        for p in self.params:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise ValueError("ShardedOptimizer takes float32 CPU parameters")
+    def __init__(self, params, comm, optimizer="adamw", lr: float | None = None, replicas: int = 1,
+                 grad_op: str = "sum", timeout: float | None = None, **defaults):
+        groups = _param_groups(params)
+        self.params = [p for g in groups for p in g["params"]]
+        for i, p in enumerate(self.params):
+            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.requires_grad:
+                raise ValueError(f"ShardedOptimizer takes float32 CPU parameters that require grad; parameter "
+                                 f"{i} is {p.dtype} on {p.device}, requires_grad={p.requires_grad}")
         self.comm, self.timeout, self.grad_op = comm, timeout, grad_op
-        self.rule = make_rule(optimizer, lr, **hyper)
+        cls, kwargs = resolve(optimizer, defaults if lr is None else {**defaults, "lr": lr})
+        self.stepper = ShardStepper(cls, kwargs, _group_ranges(groups))
+        self.scalars: list | None = None  # per group, the committed step's scalars (None: no step yet)
         self.store = ReplicaStore(replicas)
         self.step_id = 0  # last committed training step; 0 = the initial state
         self.committed_meta: dict = {}  # caller's metadata (data position, RNG) at step_id
@@ -110,7 +138,7 @@ class ShardedOptimizer:
         self._copy_params_into(flat)
         comm.broadcast(flat, 0, timeout=timeout)
         self._bind(flat)
-        self.live = np.zeros((len(self.rule.slots), self.layout.shard_len), _F32)
+        self.live = np.zeros((len(self.stepper.slots), self.layout.shard_len), _F32)
         self.live[0] = self._my_slice(self.flat)
         self.staging = np.empty_like(self.live)
         self._replicate_and_agree(self.live, step=0, meta={})
@@ -176,14 +204,34 @@ class ShardedOptimizer:
                 model's parameters may be half-updated (``rebuild`` restores them). Call
                 ``comm.recover()`` then ``rebuild(new_comm)`` and redo the step.
         """
-        step = self.step_id + 1
-        clock = _PhaseClock()
-        self.timing, self.last_phase_start = clock.phases, clock.last
-        self._gather_grads()
+        clock = self._start_step()
         summed = np.array(list(stats or []) or [0.0], np.float64)
         self.phase = "allreduce"
         self.comm.allreduce([self.flat_grad, summed], op=self.grad_op, timeout=self.timeout)
         clock.mark("allreduce")
+        self._commit_step(meta, clock)
+        return summed[: len(list(stats or []))]
+
+    def apply_gradients(self, meta: dict | None = None) -> None:
+        """Applies one training step atomically with the gradients the parameters hold, which must
+        already be the global ones, equal on every rank (DDP averaged them in backward). A
+        parameter whose ``.grad`` is None counts as a zero gradient.
+
+        Raises:
+            As ``step`` (without its allreduce).
+        """
+        clock = self._start_step()
+        self._commit_step(meta, clock)
+
+    def _start_step(self) -> _PhaseClock:
+        clock = _PhaseClock()
+        self.timing, self.last_phase_start = clock.phases, clock.last
+        self._gather_grads()
+        return clock
+
+    def _commit_step(self, meta: dict | None, clock: _PhaseClock) -> None:
+        """Update, allgather, replication and the agreement that commits or voids the step."""
+        step = self.step_id + 1
         self.phase = "update, allgather, replication"
         try:
             with agreed(self.comm, f"step {step} (update, allgather, replication)", step=step,
@@ -193,17 +241,19 @@ class ShardedOptimizer:
             clock.mark("agree")  # the agreement's time, also when it aborted the step
         self.live, self.staging = self.staging, self.live
         self.store.commit()
+        self.scalars = self._staging_scalars
         self.step_id, self.committed_meta, self.phase = step, dict(meta or {}), None
-        return summed[: len(list(stats or []))]
 
     def _update_gather_replicate(self, step: int, meta: dict, clock) -> None:
         """Steps 2-4 of the module docstring, into ``staging`` and the pending replicas. A local
         failure raises (the step's agreement then aborts the step on every rank)."""
         try:
             fault.point("shard_update", self.comm.world_rank, step)
-            grad = _t(self._my_slice(self.flat_grad))
-            self.rule.update([_t(s) for s in self.live], grad, [_t(s) for s in self.staging], step)
+            start = self.layout.start(self.comm.rank)
+            self._staging_scalars = self.stepper.update(self.live, self._my_slice(self.flat_grad), self.staging,
+                                                        start, self.scalars)
             clock.mark("update")
+            fault.point("param_allgather", self.comm.world_rank, step)
             self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
             clock.mark("allgather")
             fault.point("replicate", self.comm.world_rank, step)
@@ -223,7 +273,7 @@ class ShardedOptimizer:
         comm, layout = comm or self.comm, layout or self.layout
         return {"shard": comm.rank, "step": step, "world_rank": comm.world_rank,
                 "numel": layout.numel, "shard_len": layout.shard_len,
-                "rule": self.rule.name, "opt_steps": step, "extra": meta}
+                "optimizer": self.stepper.name, "extra": meta}
 
     def _replicate_and_agree(self, state: np.ndarray, step: int, meta: dict) -> int:
         """Replicates ``state`` tagged with ``step`` and commits the replicas if every rank
@@ -235,6 +285,27 @@ class ShardedOptimizer:
                                         state, self.timeout)
         self.store.commit()
         return sent
+
+    def load_state(self, slots: dict, scalars: list | None) -> None:
+        """Replaces the committed optimizer state by a whole one (a loaded state dict), keeping
+        the parameters and the step. Collective: each rank takes its shard, replicates, agrees.
+
+        Args:
+            slots: {slot name: float32 array of ``numel``} for every state slot but "param";
+                a missing slot is zero (state not created yet).
+            scalars: per group, {name: float} or None (that group has taken no step yet).
+
+        Raises:
+            ProcFailedError etc.: a rank failed; nothing changed.
+        """
+        live = np.zeros_like(self.live)
+        live[0] = self.live[0]
+        lo, hi = self.layout.bounds(self.comm.rank)
+        for i, name in enumerate(self.stepper.slots[1:], start=1):
+            if name in slots:
+                live[i, : hi - lo] = slots[name][lo:hi]
+        self._replicate_and_agree(live, step=self.step_id, meta=self.committed_meta)
+        self.live, self.scalars = live, scalars
 
     # -- recovery ------------------------------------------------------------------------
     def rebuild(self, comm) -> dict:
@@ -259,9 +330,10 @@ class ShardedOptimizer:
 
     def old_state_summary(self) -> dict:
         """What a newcomer learns before a rebuild (``rebuild.share_old_state``): layout, step,
-        committed metadata, replicas and rule, JSON-serialisable."""
+        committed metadata and scalars, replicas and optimizer class, JSON-serialisable."""
         return {"numel": self.layout.numel, "world_ranks": list(self.layout.world_ranks), "step": self.step_id,
-                "meta": self.committed_meta, "replicas": self.replicas, "rule": self.rule.name}
+                "meta": self.committed_meta, "scalars": self.scalars, "replicas": self.replicas,
+                "optimizer": self.stepper.name}
 
     def _join(self, comm, max_attempts: int = 8) -> None:
         """A newcomer's start: the survivors' rebuild, repeated (with them) after a failure."""
@@ -294,7 +366,7 @@ class ShardedOptimizer:
         """Every slot of the full (unsharded) committed state, for tests and checkpoints:
         ``{slot: float32 array of numel}``. Collective (allgather per slot)."""
         out = {}
-        for i, name in enumerate(self.rule.slots):
+        for i, name in enumerate(self.stepper.slots):
             full = np.empty(self.layout.padded, _F32)
             self.comm.allgather(self.live[i], full, timeout=self.timeout)
             out[name] = full[: self.layout.numel].copy()

@@ -75,7 +75,7 @@ def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
     Raises:
         ProcFailedError etc.: a failure during the exchange (uniform, by an agreement).
         StateLostError: no rank of ``comm`` holds any state.
-        InvalidInputError: a newcomer's optimizer differs from the survivors' (rule, replicas).
+        InvalidInputError: a newcomer's optimizer differs from the survivors' (class, replicas).
     """
     has = opt.layout is not None
     shared = None
@@ -91,9 +91,10 @@ def share_old_state(opt, comm) -> tuple[ShardLayout, int, dict]:
                                      opt.timeout)
     if has:
         return opt.layout, opt.step_id, opt.committed_meta
-    if shared["rule"] != opt.rule.name or shared["replicas"] != opt.replicas:
-        raise InvalidInputError(f"newcomer built a {opt.rule.name} optimizer with {opt.replicas} replica(s), "
-                                f"the survivors run {shared['rule']} with {shared['replicas']}")
+    if shared["optimizer"] != opt.stepper.name or shared["replicas"] != opt.replicas:
+        raise InvalidInputError(f"newcomer built a {opt.stepper.name} optimizer with {opt.replicas} replica(s), "
+                                f"the survivors run {shared['optimizer']} with {shared['replicas']}")
+    opt.scalars = shared["scalars"]  # the committed step's; the newcomer holds nothing else yet
     return ShardLayout(int(shared["numel"]), tuple(shared["world_ranks"])), int(shared["step"]), shared["meta"]
 
 
@@ -223,7 +224,7 @@ def rebuild_in_memory(opt, comm) -> dict:
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
     new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
     plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
-    live = np.zeros((len(opt.rule.slots), new.shard_len), np.float32)
+    live = np.zeros((len(opt.stepper.slots), new.shard_len), np.float32)
     header = np.zeros(HEADER_BYTES, np.uint8)
     headers = newcomer_headers(opt, comm, old, sources, header)
     ok = True

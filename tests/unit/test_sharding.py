@@ -1,11 +1,10 @@
 """Unit tests of the training state's pieces that need no MPI job: shard layout, re-shard plans, buddy
-placement, replica headers and checksums, the update rules against torch.optim, the sampler."""
+placement, replica headers and checksums, the sampler (shard updates: test_stepper.py)."""
 import numpy as np
 import pytest
 import torch
 
 from ftcomm.training.data import ElasticSampler
-from ftcomm.training.rules import SGD, AdamW
 from ftcomm.training.rebuild import choose_sources
 from ftcomm.training.replica import HEADER_BYTES, Replica, ReplicaStore, decode_header, encode_header
 from ftcomm.training.buddies import buddies, holders, wards
@@ -82,38 +81,6 @@ def test_store_double_buffer_keeps_committed_until_commit():
     store.discard_pending()
     assert store.get(0).state[0, 0] == 1
     assert store.nbytes == 2 * (HEADER_BYTES + 32)  # committed + one spare buffer
-
-
-def _run_rule(rule, ref_opt_cls, ref_kwargs, steps=5):
-    torch.manual_seed(0)
-    p_ref = torch.randn(37, requires_grad=True)
-    ref = ref_opt_cls([p_ref], **ref_kwargs)
-    live = np.zeros((len(rule.slots), 37), np.float32)
-    live[0] = p_ref.detach().numpy()
-    out = np.empty_like(live)
-    for t in range(1, steps + 1):
-        g = torch.randn(37)
-        p_ref.grad = g.clone()
-        ref.step()
-        rule.update([torch.from_numpy(s) for s in live], g, [torch.from_numpy(s) for s in out], t)
-        live, out = out, live
-    return live, p_ref.detach().numpy(), ref.state[p_ref]
-
-
-def test_adamw_matches_torch_bitwise():
-    live, p, st = _run_rule(AdamW(1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05), torch.optim.AdamW,
-                            dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, foreach=False))
-    np.testing.assert_array_equal(live[0], p)
-    np.testing.assert_array_equal(live[1], st["exp_avg"].numpy())
-    np.testing.assert_array_equal(live[2], st["exp_avg_sq"].numpy())
-
-
-@pytest.mark.parametrize("nesterov,wd", [(False, 0.0), (True, 1e-3)])
-def test_sgd_momentum_matches_torch(nesterov, wd):
-    live, p, st = _run_rule(SGD(0.05, momentum=0.9, weight_decay=wd, nesterov=nesterov), torch.optim.SGD,
-                            dict(lr=0.05, momentum=0.9, weight_decay=wd, nesterov=nesterov, foreach=False))
-    np.testing.assert_allclose(live[0], p, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(live[1], st["momentum_buffer"].numpy(), rtol=0, atol=1e-6)
 
 
 def test_sampler_resplit_after_shrink_uses_every_sample_once_per_epoch():
