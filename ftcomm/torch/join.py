@@ -18,8 +18,11 @@ end of that step. Both then run ``hand_over``, one collective over the group's c
    built another model), every rank raises. A failure anywhere in 1-4 makes the group recover
    (spares first, then shrink) and every rank start the hand-over again.
 
-In DDP every rank holds the full parameters and optimizer state, so one copy is enough: nothing
-comes from replicas (contrast ``ftcomm.ShardedOptimizer``).
+In DDP every rank holds the full parameters and optimizer state, so one copy is enough. A
+``ZeroRedundancyOptimizer`` is the exception: the payload carries only its groups' settings, and
+after step 2 every rank rebuilds its shards over the group (``hand_over_shards``): the newcomer
+takes its shard from the buddy that kept the replaced rank's replica, and the parameters from the
+shards' owners (which also undoes a half-applied voided step on the survivors).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from ..core import fault
 from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError, RevokedError,
                       StateLostError)
 from .step_state import note_handover
+from .zero import ZeroRedundancyOptimizer
 
 log = logging.getLogger("ftcomm.recovery")
 
@@ -60,6 +64,8 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         comm = pg.begin_handshake()
         try:
             state, loaded = _exchange(comm, model, optimizer, extra_state, loader_state, timeout)
+            if isinstance(optimizer, ZeroRedundancyOptimizer):
+                optimizer.hand_over_shards(comm)
             _sync_ddp_buckets(model)
             every_rank_loaded = comm.agree(1 if loaded else 0, timeout=pg.timeout)
         except (ProcFailedError, RevokedError) as exc:
@@ -119,10 +125,18 @@ def _module(model):
 
 def _pack(model, optimizer, extra_state, loader_state) -> bytes:
     buf = io.BytesIO()
-    torch.save({"model": _module(model).state_dict(), "optimizer": optimizer.state_dict(),
+    torch.save({"model": _module(model).state_dict(), "optimizer": _optimizer_state(optimizer),
                 "kinds": _kinds(optimizer, extra_state), "extra": [obj.state_dict() for obj in extra_state],
                 "rng": torch.get_rng_state(), "loader": loader_state}, buf)
     return buf.getvalue()
+
+
+def _optimizer_state(optimizer):
+    """A sharded optimizer's state moves shard by shard (``hand_over_shards``): only its
+    settings travel in the payload."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return optimizer.hand_over_settings()
+    return optimizer.state_dict()
 
 
 def _kinds(optimizer, extra_state) -> list:
@@ -142,7 +156,10 @@ def _unpack(payload: bytes, model, optimizer, extra_state) -> dict:
                          f"{_kinds(optimizer, extra_state)}")
     with torch.no_grad():
         _module(model).load_state_dict(blob["model"], strict=True)
-    optimizer.load_state_dict(blob["optimizer"])
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.take_settings(blob["optimizer"])
+    else:
+        optimizer.load_state_dict(blob["optimizer"])
     for obj, sd in zip(extra_state, blob["extra"]):
         obj.load_state_dict(sd)
     torch.set_rng_state(blob["rng"])

@@ -11,7 +11,7 @@ A stock DDP + ZeRO script changes its import, its backend name, this class and i
 The sharded state is ``ftcomm.training.ShardedOptimizer``'s (ZeRO stage 1, Rajbhandari et al.,
 SC'20): each rank owns a contiguous slice of the flattened parameters and of every per-element
 state tensor, updated by torch's own optimizer class (``training/stepper.py``), and keeps k
-CRC-checked replicas of its buddies' slices in host memory. DDP has averaged the gradients in
+checksummed replicas of its buddies' slices in host memory. DDP has averaged the gradients in
 backward, so every rank holds the global gradient when ``step()`` runs:
 
 1. each rank updates its shard out of place (the committed one stays);
@@ -93,7 +93,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         ValueError: on every rank: an optimizer class that cannot be sharded elementwise (LBFGS,
             SparseAdam, Adafactor), param groups that differ between ranks (naming the world
             ranks and both descriptions), parameters that are not float32 CPU tensors requiring
-            grad, ``overlap_with_ddp=True``, or a job with spare ranks.
+            grad, or ``overlap_with_ddp=True``.
+
+    With spare ranks (``ftcomm-run --spares S``) a promoted spare builds this optimizer holding
+    nothing; at the hand-over (``join.py``) it takes its shard from the buddy that kept the
+    replaced rank's replica, the survivors keep theirs: one shard moves, not the whole state.
         TypeError: the process group is not an ftcomm one.
     """
 
@@ -103,9 +107,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if overlap_with_ddp:
             raise ValueError("ftcomm.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported; "
                              "the step runs after backward")
-        if self._pg.policy == "spares":
-            raise ValueError("ftcomm.torch.ZeroRedundancyOptimizer does not take spare ranks yet: run without "
-                             "--spares (the survivors shrink and re-shard) or with FTCOMM_RECOVERY_POLICY=shrink")
         cls, self._kwargs = resolve(optimizer_class, defaults)
         self.optimizer_class = cls
         self._engine = None  # built once torch's constructor has made the param groups
@@ -113,14 +114,17 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._replicas = replicas
         self.last_rebuild: dict | None = None
         super().__init__(params, probe(cls, self._kwargs).defaults)
-        self._engine = self._new_engine()
+        # A promoted spare's group runs no collective before the hand-over: it holds nothing yet.
+        self._engine = self._new_engine(newcomer=True) if self._pg.joining else self._new_engine()
 
     # -- the sharded state -------------------------------------------------------------------
-    def _new_engine(self) -> ShardedOptimizer:
+    def _new_engine(self, newcomer: bool = False) -> ShardedOptimizer:
         comm = self._pg.comm
-        comm.require_same("param groups", _describe_groups(self.param_groups), timeout=self._pg.timeout)
+        if not newcomer:
+            comm.require_same("param groups", _describe_groups(self.param_groups), timeout=self._pg.timeout)
         return ShardedOptimizer([dict(g) for g in self.param_groups], comm, self.optimizer_class,
-                                replicas=self._replicas, timeout=self._pg.timeout, **self._kwargs)
+                                replicas=self._replicas, timeout=self._pg.timeout, newcomer=newcomer,
+                                **self._kwargs)
 
     @property
     def sharded(self) -> ShardedOptimizer:
@@ -184,6 +188,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _follow_group(self) -> None:
         """Rebuilds the shards over the group's current communicator from owners and replicas,
         again after each further failure."""
+        if self._pg.awaiting_join:
+            return  # a spare is coming: the hand-over rebuilds with it (one shard moves, to it)
         attempted = [None]
 
         def recover_again(error) -> None:
@@ -194,6 +200,24 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 attempted[0] = self._pg.comm
                 if self._engine.comm is not attempted[0]:
                     self.last_rebuild = self._engine.rebuild(attempted[0])
+
+    # -- hand-over to a promoted spare (join.py) ----------------------------------------------
+    def hand_over_settings(self) -> list[dict]:
+        """The param groups' settings (lr after a scheduler, ...), without parameters or state."""
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+
+    def take_settings(self, settings: list[dict]) -> None:
+        """A newcomer takes the survivors' ``hand_over_settings()``."""
+        for group, theirs in zip(self.param_groups, settings):
+            group.update(theirs)
+
+    def hand_over_shards(self, comm) -> None:
+        """Collective over the group's communicator in the hand-over: survivors and newcomers
+        rebuild the shards over ``comm`` (a newcomer receives its shard from a buddy's replica,
+        the parameters from everyone). On a failure nothing changed and it raises (the
+        hand-over recovers and starts again)."""
+        self._engine.stepper.set_hyper(self.param_groups)
+        self.last_rebuild = self._engine.rebuild(comm)
 
     # -- state dicts -------------------------------------------------------------------------
     def consolidate_state_dict(self, to: int = 0) -> None:

@@ -2,7 +2,7 @@
 torch (for its kernels and ``torch.save``), so ``import ftcomm`` loads it only on first use.
 
 - ``layout``: ZeRO-1 shard layout and re-shard plans; ``buddies``: who keeps which replica.
-- ``replica``: CRC-checked, double-buffered replicas in buddies' host memory.
+- ``replica``: checksummed, double-buffered replicas in buddies' host memory.
 - ``stepper``: one shard's update by any elementwise ``torch.optim`` optimizer; ``optimizer``:
   ``ShardedOptimizer`` (one agreement per step commits it); ``rebuild``: re-shard from replicas after a failure.
 - ``data``: ``ElasticSampler``, the data position as state; ``checkpoint``: the disk fallback.

@@ -15,7 +15,7 @@ of every optimizer-state tensor (see ftcomm/training/layout.py). One training st
        State.commit / restore.
 
 On a failure the caller shrinks the communicator (``comm.recover()``) and calls ``rebuild``, which
-finds every lost shard in a buddy's replica, verifies its CRC-32, re-shards the state over the
+finds every lost shard in a buddy's replica, verifies its checksum, re-shards the state over the
 new world size, re-replicates and agrees (ftcomm/training/rebuild.py). No disk I/O on that path.
 """
 from __future__ import annotations
@@ -100,7 +100,9 @@ class ShardedOptimizer:
     failed rank's place) the constructor does not start from ``params``: it joins the
     survivors' ``rebuild(comm)`` and receives the committed state (its shard from the buddies'
     replicas, the parameters from everyone, the replaced rank's metadata in ``committed_meta``);
-    ``join_report`` then holds the rebuild report.
+    ``join_report`` then holds the rebuild report. ``newcomer=True`` makes an optimizer that
+    holds nothing without joining: its caller runs ``rebuild(comm)`` with the survivors (the torch
+    backend's hand-over does, inside its own retry loop).
 
     Raises:
         ValueError: parameters that are not float32 CPU tensors requiring grad, or an optimizer
@@ -110,7 +112,7 @@ class ShardedOptimizer:
     """
 
     def __init__(self, params, comm, optimizer="adamw", lr: float | None = None, replicas: int = 1,
-                 grad_op: str = "sum", timeout: float | None = None, **defaults):
+                 grad_op: str = "sum", timeout: float | None = None, newcomer: bool = False, **defaults):
         groups = _param_groups(params)
         self.params = [p for g in groups for p in g["params"]]
         for i, p in enumerate(self.params):
@@ -127,9 +129,10 @@ class ShardedOptimizer:
         self.last_bytes_replicated = 0
         self.join_report = None
         self.phase: str | None = None  # the phase of step() running, for recovery events
-        if getattr(comm, "promoted", False):
+        if newcomer or getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
-            self._join(comm)
+            if not newcomer:
+                self._join(comm)
             return
         numel = sum(p.numel() for p in self.params)
         nodes.register(comm, timeout)  # replicas go to other nodes than their owners
@@ -310,7 +313,7 @@ class ShardedOptimizer:
     # -- recovery ------------------------------------------------------------------------
     def rebuild(self, comm) -> dict:
         """Restores the state of the last committed step over the shrunk communicator ``comm``:
-        finds each shard with its owner or a buddy's replica (CRC-32 verified), re-shards over
+        finds each shard with its owner or a buddy's replica (checksum verified), re-shards over
         ``comm.size`` ranks, allgathers the parameters, re-replicates, agrees.
 
         Returns:

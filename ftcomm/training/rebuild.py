@@ -105,7 +105,7 @@ def _broadcast_json(comm, root: int, value, timeout):
 
 
 def verified_sources(opt, comm, old: ShardLayout, step: int) -> dict:
-    """Chooses a source per old shard and checks each replica used (header step and shard, CRC-32)
+    """Chooses a source per old shard and checks each replica used (header step and shard, checksum)
     by an agreement; a bad replica makes the next buddy the source.
 
     Raises:

@@ -2,7 +2,10 @@
 against torch's own ZeroRedundancyOptimizer over gloo in the same job; a rank killed in each phase
 of a step (DDP's gradient allreduce in backward, the shard update, the parameter allgather, the
 replica update): the step is voided, the rebuilt state equals the last committed one bitwise,
-survivors end identical, each replica equals its owner's shard; bad input refused on every rank."""
+survivors end identical, each replica equals its owner's shard; the same kills with a spare: the
+newcomer takes the dead rank's shard and the run ends where a failure-free run ends (to float
+rounding); bad input refused on every rank."""
+import numpy as np
 import pytest
 
 from harness import JOBS, run_job
@@ -61,6 +64,46 @@ def test_kill_in_each_phase_rebuilds_the_committed_state(phase):
     assert len({rep["params"] for rep in finals.values()}) == 1, "survivors' parameters differ"
     assert len({rep["state"] for rep in finals.values()}) == 1, "survivors' optimizer states differ"
     # every shard's replica, held by its buddy, equals the owner's live shard
+    live = {rep["rank"]: rep["live_crc"] for rep in finals.values()}
+    held = {int(shard): crc for rep in finals.values() for shard, crc in rep["replica_crcs"].items()}
+    assert held == live, (held, live)
+
+
+_reference: dict = {}
+
+
+def _failure_free_values():
+    """Final parameters of the job without a failure (one idle spare, released at the end)."""
+    if "values" not in _reference:
+        job = run_job(JOBS / "torch_zero.py", 4, "--mode", "kill", timeout=160, launcher_args=("--spares", "1"))
+        assert job.returncode == 0, job.describe()
+        finals = job.by_rank(kind="final")
+        assert sorted(finals) == [0, 1, 2, 3] and all(r["applied"] == 24 for r in finals.values())
+        _reference["values"] = np.array(finals[0]["values"])
+    return _reference["values"]
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("phase", PHASES)
+def test_kill_with_a_spare_ends_where_the_failure_free_run_ends(phase):
+    n, victim, spare = 4, 2, 4
+    want = _failure_free_values()
+    job = run_job(JOBS / "torch_zero.py", n, "--mode", "kill", timeout=160, launcher_args=("--spares", "1"),
+                  env={"FTCOMM_FAULT": f"rank={victim},{PHASES[phase]},kind=kill", "FTCOMM_TIMEOUT": "30"})
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3, spare], job.describe()
+    assert finals[spare]["joined"] and finals[spare]["rank"] == victim
+    voided = [r for r in job.reports if r["kind"] == "voided"]
+    assert len(voided) == n - 1 and all(r["equal"] for r in voided), voided
+    # one shard moved, to the newcomer, from the buddy that kept the dead rank's replica
+    assert all(r["rebuild"] == {"from_replica": [victim], "old_size": n, "new_size": n} for r in voided)
+    for rep in finals.values():
+        assert rep["size"] == n and rep["applied"] == 24 and rep["redone"] == 1
+        # float rounding only: the redone step's gradient is summed in another order
+        np.testing.assert_allclose(rep["values"], want, rtol=0, atol=1e-6)
+    assert len({rep["state"] for rep in finals.values()}) == 1
     live = {rep["rank"]: rep["live_crc"] for rep in finals.values()}
     held = {int(shard): crc for rep in finals.values() for shard, crc in rep["replica_crcs"].items()}
     assert held == live, (held, live)

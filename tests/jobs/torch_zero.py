@@ -4,10 +4,12 @@ param groups and an LR scheduler.
 --mode reference: failure-free; a second copy of the model trains on the same batches with gloo
     DDP and torch's own ZeroRedundancyOptimizer; reports the largest differences of parameters and
     of the consolidated optimizer states, and whether torch's optimizer class loads ftcomm's.
---mode kill: FTCOMM_FAULT kills a rank somewhere in a step; after each committed step every
-    rank keeps a snapshot of the whole state (parameters and every state slot); after a voided
-    step it reports whether the rebuilt state equals the last snapshot bitwise. At the end: digests
-    of the parameters and state, CRC-32 of this rank's shard and of each replica it keeps.
+--mode kill: FTCOMM_FAULT kills a rank somewhere in a step (or nothing, for a reference run);
+    after each committed step every rank keeps a snapshot of the whole state (parameters and every
+    state slot); after a voided step (and the hand-over, when a spare took the dead rank's place:
+    ftcomm-run --spares) it reports whether the rebuilt state equals the last snapshot bitwise. At
+    the end: digests and values of the parameters, a digest of the state, CRC-32 of this rank's
+    shard and of each replica it keeps.
 """
 import argparse
 import hashlib
@@ -56,7 +58,7 @@ model = make_model()
 ddp = DDP(model)
 opt = ftcomm.torch.ZeroRedundancyOptimizer(groups(model), OPT, replicas=args.replicas, **HYPER)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
-batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt)
+batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, extra_state=[sched])
 
 
 def whole_state():
@@ -105,19 +107,25 @@ if args.mode == "reference":
             for i, p in enumerate(q for g in plain.param_groups for q in g["params"]) for k in mine["state"][i])
     report(**result)
 else:
-    snapshot = whole_state()
+    newcomer = dist.group.WORLD.joining  # a promoted spare (ftcomm-run --spares): holds nothing yet
+    snapshot = None if newcomer else whole_state()
     rebuilt_equal = []
     for epoch in batches.epochs(args.epochs):
         for x, y, idx in batches:
+            if batches.last_step_skipped or newcomer:
+                # after a voided step (and, with a spare, its hand-over): every rank holds the
+                # last committed state again, rebuilt from owners and replicas
+                after = whole_state()
+                if snapshot is not None:
+                    rebuilt_equal.append(all(np.array_equal(after[k], snapshot[k]) for k in snapshot))
+                    report(kind="voided", size=dist.get_world_size(), equal=rebuilt_equal[-1],
+                           rebuild=opt.last_rebuild and {k: opt.last_rebuild[k]
+                                                         for k in ("from_replica", "old_size", "new_size")})
+                newcomer = False
             opt.zero_grad()
             nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
-            if batches.step_skipped:
-                after = whole_state()
-                rebuilt_equal.append(all(np.array_equal(after[k], snapshot[k]) for k in snapshot))
-                report(kind="voided", size=dist.get_world_size(), equal=rebuilt_equal[-1],
-                       rebuild=opt.last_rebuild and {k: opt.last_rebuild[k] for k in ("from_replica", "old_size", "new_size")})
-            else:
+            if not batches.step_skipped:
                 sched.step()
                 snapshot = whole_state()
     state = whole_state()
@@ -130,4 +138,5 @@ else:
            state=digest(state[k] for k in sorted(state)), step_id=engine.step_id,
            live_crc=zlib.crc32(engine.live.tobytes()),
            replica_crcs={str(s): zlib.crc32(r.state.tobytes()) for s, r in engine.store.committed.items()},
+           joined=batches.joined, values=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
            recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.where) for e in ftcomm.torch.recoveries()])
