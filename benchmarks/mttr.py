@@ -3,6 +3,12 @@ of replication, for MLPs of about 1M, 10M and 100M parameters (AdamW, ZeRO-1 sha
 
     python benchmarks/mttr.py                       # sizes 1M,10M,100M at 4 ranks
     python benchmarks/mttr.py --sizes 1M,10M --ranks 4 --out results/mttr
+    python benchmarks/mttr.py --path torch          # DDP + ftcomm.torch.ZeroRedundancyOptimizer
+
+``--path elastic`` (default) trains with ``ftcomm.ShardedOptimizer`` driven by ``ftcomm.elastic.run``
+and checkpoints with ``ftcomm.checkpoint``; ``--path torch`` trains a DDP model with
+``ftcomm.torch.ZeroRedundancyOptimizer`` in a ``resilient`` loop and checkpoints with
+``torch.distributed.checkpoint`` (benchmarks/mttr_torch.py).
 
 For each size, two jobs (each under ftcomm-run with a hard timeout):
 
@@ -48,17 +54,28 @@ def hidden_for(params: int, inputs: int = 256) -> int:
     return int((-b + (b * b + 4 * a * params) ** 0.5) / 2)
 
 
+def make_model(params: int):
+    import torch
+
+    h = hidden_for(params)
+    return torch.nn.Sequential(torch.nn.Linear(256, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
+                               torch.nn.ReLU(), torch.nn.Linear(h, 10))
+
+
 def worker(args) -> None:
     import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if args.path == "torch":
+        import mttr_torch
+
+        return mttr_torch.worker(args, make_model(args.params))
 
     import ftcomm
     from ftcomm import checkpoint, elastic, fault
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    h = hidden_for(args.params)
-    model = torch.nn.Sequential(torch.nn.Linear(256, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
-                                torch.nn.ReLU(), torch.nn.Linear(h, 10))
+    model = make_model(args.params)
     comm = ftcomm.world()  # a spare waits in here until it is promoted
     disk = args.mode == "disk"
     opt = ftcomm.ShardedOptimizer(model.parameters(), comm, optimizer="adamw", lr=1e-4,
@@ -116,7 +133,7 @@ def launch(args, size_name, mode, log_dir, extra=(), spares=0):
     cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(args.ranks), "--timeout", str(args.job_timeout),
            "--spares", str(spares), sys.executable, __file__, "--worker", "--mode", mode, "--params", str(SIZES[size_name]),
            "--steps", str(args.steps), "--kill-step", str(args.kill_step), "--batch", str(args.batch),
-           "--replicas", str(args.replicas), "--ckpt-every", str(args.ckpt_every),
+           "--replicas", str(args.replicas), "--ckpt-every", str(args.ckpt_every), "--path", args.path,
            "--ckpt-dir", str(Path(log_dir) / "ckpt"), "--log-dir", str(log_dir), *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -263,6 +280,9 @@ def main():
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--batch", type=int, default=64, help="global batch")
     p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--path", choices=("elastic", "torch"), default="elastic",
+                   help="elastic: ftcomm.ShardedOptimizer + ftcomm.elastic; torch: DDP + "
+                        "ftcomm.torch.ZeroRedundancyOptimizer, disk way with torch.distributed.checkpoint")
     p.add_argument("--job-timeout", type=float, default=300)
     p.add_argument("--policies", default="shrink",
                    help="recovery policies to measure, comma-separated from shrink,spares,respawn")
@@ -289,7 +309,7 @@ def main():
         results.append(res)
         print(json.dumps(res), flush=True)
     out = Path(args.out)
-    (out / "mttr.json").write_text(json.dumps({"ranks": args.ranks, "kill_step": args.kill_step,
+    (out / "mttr.json").write_text(json.dumps({"path": args.path, "ranks": args.ranks, "kill_step": args.kill_step,
                                                "ckpt_every": args.ckpt_every, "results": results}, indent=2))
     plot(results, out / "mttr_timeline.png")
     print(f"wrote {out / 'mttr.json'} and {out / 'mttr_timeline.png'}")

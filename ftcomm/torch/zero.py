@@ -29,6 +29,8 @@ every survivor (fall back to a disk checkpoint: ``consolidate_state_dict`` + ``t
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -113,6 +115,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._consolidated = None
         self._replicas = replicas
         self.last_rebuild: dict | None = None
+        self.last_recovery: dict | None = None
         super().__init__(params, probe(cls, self._kwargs).defaults)
         # A promoted spare's group runs no collective before the hand-over: it holds nothing yet.
         self._engine = self._new_engine(newcomer=True) if self._pg.joining else self._new_engine()
@@ -163,6 +166,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             ProcFailedError, RevokedError, CollectiveTimeoutError: outside a ``resilient`` loop
                 (after the group recovered and the shards were rebuilt; the step was not applied).
             StateLostError: a shard and all its replicas are lost.
+
+        After a failure inside the step, ``last_recovery`` holds its timeline: ``detected_time``
+        (wall clock, s), ``agree_s`` (the step's agreement), ``recover_s`` (the group's shrink or
+        spare round), ``rebuild_s`` and ``bytes_moved`` (the shards' rebuild).
         """
         loss = None
         if closure is not None:
@@ -178,12 +185,23 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         try:
             self._engine.apply_gradients()
         except _FAILURES as exc:
-            redo = self._pg.recover_after(self._engine.comm, "ZeroRedundancyOptimizer.step", exc)
-            self._follow_group()
-            if not redo:
-                raise
-            void_current_step()
+            self._recover_from(exc)
         return loss
+
+    def _recover_from(self, exc) -> None:
+        """A failure voided this step on every survivor: recover the group, rebuild the shards,
+        and have ``resilient`` redo the step (or raise outside it). Records ``last_recovery``."""
+        agreed_time = time.time()
+        seen = self._engine.failure_seen_time or agreed_time
+        redo = self._pg.recover_after(self._engine.comm, "ZeroRedundancyOptimizer.step", exc)
+        recovered_time = time.time()
+        self._follow_group()
+        self.last_recovery = {"detected_time": seen, "agree_s": agreed_time - seen,
+                              "recover_s": recovered_time - agreed_time, "rebuild_s": time.time() - recovered_time,
+                              "bytes_moved": (self.last_rebuild or {}).get("bytes_moved", 0)}
+        if not redo:
+            raise exc
+        void_current_step()
 
     def _follow_group(self) -> None:
         """Rebuilds the shards over the group's current communicator from owners and replicas,
@@ -228,8 +246,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         """
         if not 0 <= to < self._pg.size():
             raise ValueError(f"consolidate_state_dict: to={to} is not a rank of the group (size {self._pg.size()})")
-        full = self._engine.gather_state()
-        self._consolidated = self._torch_state_dict(full) if self._pg.rank() == to else None
+        full = self.full_state_dict()
+        self._consolidated = full if self._pg.rank() == to else None
+
+    def full_state_dict(self) -> dict:
+        """The whole state in ``optimizer_class``'s format on every rank (collective: one
+        allgather per state slot): for ``torch.distributed.checkpoint``, where every rank passes
+        the same dict and each tensor is written once."""
+        return self._torch_state_dict(self._engine.gather_state())
 
     def state_dict(self) -> dict:
         """The whole optimizer state in the format of ``optimizer_class`` (loadable by it):

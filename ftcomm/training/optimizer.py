@@ -129,6 +129,7 @@ class ShardedOptimizer:
         self.last_bytes_replicated = 0
         self.join_report = None
         self.phase: str | None = None  # the phase of step() running, for recovery events
+        self.failure_seen_time: float | None = None  # when this rank last saw a failure in a step
         if newcomer or getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
             if not newcomer:
@@ -227,6 +228,7 @@ class ShardedOptimizer:
         self._commit_step(meta, clock)
 
     def _start_step(self) -> _PhaseClock:
+        self.failure_seen_time = None
         clock = _PhaseClock()
         self.timing, self.last_phase_start = clock.phases, clock.last
         self._gather_grads()
@@ -261,10 +263,12 @@ class ShardedOptimizer:
             clock.mark("allgather")
             fault.point("replicate", self.comm.world_rank, step)
             header = encode_header(self.replica_meta(step, meta), self.staging)
-            self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.timeout)
+            self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.flat,
+                                                             self.timeout)
             clock.mark("replicate")
         except FtError:
             clock.mark("failed")
+            self.failure_seen_time = time.time()  # wall clock, before the step's agreement
             raise
         finally:
             self.last_phase_start = clock.last
@@ -284,8 +288,8 @@ class ShardedOptimizer:
         sent = 0
         with agreed(self.comm, f"replication of step {step}", step=step, timeout=self.timeout,
                     on_abort=self.store.discard_pending):
-            sent = self.store.replicate(self.comm, encode_header(self.replica_meta(step, meta), state),
-                                        state, self.timeout)
+            header = encode_header(self.replica_meta(step, meta), state)
+            sent = self.store.replicate(self.comm, header, state, self.flat, self.timeout)
         self.store.commit()
         return sent
 

@@ -213,7 +213,7 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
         else:
             comm.allgather(live[0], flat, timeout=opt.timeout)
             header = encode_header(opt.replica_meta(step, meta, comm, new), live)
-            opt.store.replicate(comm, header, live, opt.timeout)
+            opt.store.replicate(comm, header, live, flat, opt.timeout)
     opt.adopt(comm, new, live, flat, step, meta)
 
 
