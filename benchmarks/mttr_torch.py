@@ -119,7 +119,8 @@ def worker(args, model) -> None:
                 opt.step()
                 if not disk and batches.step_skipped:
                     after_failure = True
-                    log(event="recovered", step=opt.sharded.step_id, **(opt.last_recovery or {}))
+                    log(event="recovered", step=opt.sharded.step_id, **(opt.last_recovery or {}),
+                        rebuild_phases=(opt.last_rebuild or {}).get("phases"))
                     continue
                 step = opt.sharded.step_id
                 log(event="step", step=step, world_size=dist.get_world_size(), step_s=time.perf_counter() - t0,

@@ -96,11 +96,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             SparseAdam, Adafactor), param groups that differ between ranks (naming the world
             ranks and both descriptions), parameters that are not float32 CPU tensors requiring
             grad, or ``overlap_with_ddp=True``.
+        TypeError: the process group is not an ftcomm one.
 
     With spare ranks (``ftcomm-run --spares S``) a promoted spare builds this optimizer holding
     nothing; at the hand-over (``join.py``) it takes its shard from the buddy that kept the
     replaced rank's replica, the survivors keep theirs: one shard moves, not the whole state.
-        TypeError: the process group is not an ftcomm one.
     """
 
     def __init__(self, params, optimizer_class, *, process_group=None, replicas: int = 1,

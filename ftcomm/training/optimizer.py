@@ -322,7 +322,11 @@ class ShardedOptimizer:
 
         Returns:
             A report: ``bytes_moved`` (whole job, re-shard traffic), ``sources`` (old shard ->
-            old rank used), ``from_replica`` (shards taken from a buddy), ``rebuild_s``.
+            old rank used), ``from_replica`` (shards taken from a buddy), ``rebuild_s``, and
+            ``phases``: seconds of ``share_s`` (newcomers learn the old layout), ``verify_s``
+            (sources chosen, replicas' checksums agreed), ``move_s`` (the re-shard exchange),
+            ``finish_s`` (of it ``allgather_s`` of the parameters and ``replicate_s`` to the new
+            buddies, then the agreement).
 
         Raises:
             StateLostError: a shard has no surviving, valid copy (uniform on every survivor);

@@ -16,6 +16,7 @@ The optimizer's side of this is its public interface: ``layout``, ``live``, ``st
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -197,7 +198,8 @@ def plan_bytes(plan: list[Piece], slots: int) -> int:
     return sum(4 * slots * p.numel for p in plan if p.src != p.dst)
 
 
-def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict, ok: bool = True) -> None:
+def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict, ok: bool = True,
+           phases: dict | None = None) -> None:
     """Allgathers the parameters, replicates the new shards, agrees; on success adopts the new
     state (``opt.adopt``), else raises ProcFailedError with the old holdings untouched. ``ok``
     False: this rank's earlier part (moving the pieces) already failed.
@@ -211,16 +213,23 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
         if not ok:
             outcome.fail()
         else:
+            t0 = time.perf_counter()
             comm.allgather(live[0], flat, timeout=opt.timeout)
+            t1 = time.perf_counter()
             header = encode_header(opt.replica_meta(step, meta, comm, new), live)
             opt.store.replicate(comm, header, live, flat, opt.timeout)
+            if phases is not None:
+                phases.update(allgather_s=t1 - t0, replicate_s=time.perf_counter() - t1)
     opt.adopt(comm, new, live, flat, step, meta)
 
 
 def rebuild_in_memory(opt, comm) -> dict:
     """ShardedOptimizer.rebuild's body (see there); on a newcomer, its first state."""
+    phases, t0 = {}, time.perf_counter()
     old, step, meta = share_old_state(opt, comm)
+    t1 = time.perf_counter()
     sources = verified_sources(opt, comm, old, step)
+    t2 = time.perf_counter()
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
     new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
     plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
@@ -233,11 +242,13 @@ def rebuild_in_memory(opt, comm) -> dict:
         move_pieces(opt, comm, plan, old, new, live, headers)
     except FtError:
         ok = False  # agreed on, with the rest of the rebuild, by finish()
+    t3 = time.perf_counter()
     me_old = _old_rank(old, comm.world_rank)
     if me_old < 0 and any(dst == comm.rank for _, dst, _, _ in headers):
         meta = (decode_header(header) or {}).get("extra", meta)  # the replaced rank's own metadata
-    finish(opt, comm, new, live, step, meta, ok)
-    return {"bytes_moved": plan_bytes(plan, live.shape[0]), "sources": sources,
+    finish(opt, comm, new, live, step, meta, ok, phases)
+    phases.update(share_s=t1 - t0, verify_s=t2 - t1, move_s=t3 - t2, finish_s=time.perf_counter() - t3)
+    return {"bytes_moved": plan_bytes(plan, live.shape[0]), "sources": sources, "phases": phases,
             "from_replica": sorted(s for s, h in sources.items() if h != s),
             "old_size": old.size, "new_size": new.size, "old_rank": me_old,
             "newcomers": sorted(r for r, w in enumerate(comm.world_ranks) if w not in old.world_ranks)}

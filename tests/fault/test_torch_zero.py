@@ -131,3 +131,5 @@ def test_bad_input_is_refused_on_every_rank():
         if name != "state_dict_unconsolidated":  # names the local rank, on purpose
             assert len({r["text"] for r in cases if r["case"] == name}) == 1, name
     assert all(r["stepped"] for r in job.reports if r["kind"] == "after")
+    added = [r for r in job.reports if r["kind"] == "add_group"]
+    assert len(added) == n and all(r["diff"] <= 1e-6 for r in added), added

@@ -41,3 +41,25 @@ before = model.weight.detach().clone()
 grad = model.weight.grad.clone()
 opt.step()
 report(kind="after", stepped=torch.allclose(model.weight, before - 0.1 * grad, rtol=0, atol=1e-6))
+
+# add_param_group after steps (collective): the existing state is kept, the new group starts
+# fresh; compared with torch's SGD on the same parameters and gradients (the same on every rank)
+torch.manual_seed(1)
+net, extra = nn.Linear(8, 4), nn.Linear(4, 2)
+ref_net, ref_extra = nn.Linear(8, 4), nn.Linear(4, 2)
+ref_net.load_state_dict(net.state_dict())
+ref_extra.load_state_dict(extra.state_dict())
+sharded = Zero(net.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+plain = torch.optim.SGD(ref_net.parameters(), lr=0.1, momentum=0.9)
+inputs = torch.randn(5, 8)
+for step in range(4):
+    if step == 2:
+        sharded.add_param_group({"params": list(extra.parameters()), "lr": 0.05})
+        plain.add_param_group({"params": list(ref_extra.parameters()), "lr": 0.05})
+    for m, head, o in ((net, extra, sharded), (ref_net, ref_extra, plain)):
+        o.zero_grad()
+        (head(m(inputs)).square().sum() if step >= 2 else m(inputs).square().sum()).backward()
+        o.step()
+report(kind="add_group", diff=max((a - b).abs().max().item() for a, b in
+                                  zip([*net.parameters(), *extra.parameters()],
+                                      [*ref_net.parameters(), *ref_extra.parameters()])))
