@@ -6,7 +6,7 @@ of replication, for MLPs of about 1M, 10M and 100M parameters (AdamW, ZeRO-1 sha
     python benchmarks/mttr.py --path torch          # DDP + ftcomm.torch.ZeroRedundancyOptimizer
 
 ``--path elastic`` (default) trains with ``ftcomm.ShardedOptimizer`` driven by ``ftcomm.elastic.run``
-and checkpoints with ``ftcomm.checkpoint``; ``--path torch`` trains a DDP model with
+and checkpoints with ``ftcomm.checkpoint`` (``ftcomm.training.checkpoint``); ``--path torch`` trains a DDP model with
 ``ftcomm.torch.ZeroRedundancyOptimizer`` in a ``resilient`` loop and checkpoints with
 ``torch.distributed.checkpoint`` (benchmarks/mttr_torch.py).
 

@@ -49,7 +49,8 @@ sys.modules[f"{__name__}.cuda"], sys.modules[f"{__name__}.fault"] = cuda, fault
 fault.load_from_env()
 
 # The training layer needs torch (an optional dependency): loaded on first use.
-_LAZY_MODULES = {"elastic": "ftcomm.training.elastic", "training": "ftcomm.training"}
+_LAZY_MODULES = {"elastic": "ftcomm.training.elastic", "checkpoint": "ftcomm.training.checkpoint",
+                 "training": "ftcomm.training"}
 _LAZY_NAMES = {"ShardedOptimizer": "ftcomm.training.optimizer", "ElasticSampler": "ftcomm.training.data"}
 
 

@@ -4,6 +4,7 @@ cycle (function-level imports included), no private name crosses a layer, the to
 small, the README's settings table and layout table match the code, and no comment, docstring or
 doc names an issue number."""
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
@@ -228,3 +229,23 @@ def test_no_issue_numbers_in_code_or_docs(folder):
     if folder == "docs":
         hits += [f"README.md: {m}" for m in ISSUE_REFERENCE.findall((ROOT / "README.md").read_text())]
     assert hits == []
+
+
+def test_names_scripts_import_from_the_package_resolve():
+    """The names examples, benchmarks and tests import from ``ftcomm`` (some load lazily: the
+    training layer needs torch) exist; a layer move once broke ``from ftcomm import checkpoint``."""
+    import ftcomm
+
+    wanted = set()
+    for folder in ("examples", "benchmarks", "tests", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module == "ftcomm" and node.level == 0:
+                    wanted |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "ftcomm" and not node.attr.startswith("_"):
+                    wanted.add(node.attr)
+    wanted -= {"torch"}  # a subpackage, imported as ftcomm.torch
+    missing = sorted(name for name in wanted if not hasattr(ftcomm, name)
+                     and importlib.util.find_spec(f"ftcomm.{name}") is None)
+    assert not missing, f"ftcomm has no {missing}"
