@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+# torch's first optimizer construction in a process imports torch._dynamo (about 2 s on these
+# machines). Done here, at import, a spare rank pays it while it waits idle, not while the
+# survivors wait for it to build its optimizer and join.
+torch.optim.SGD([torch.zeros(1)])
+
 # Names ShardedOptimizer accepts in place of a class, with the defaults ftcomm always used for them.
 NAMED = {"adamw": (torch.optim.AdamW, {}), "sgd": (torch.optim.SGD, {"momentum": 0.9})}
 
