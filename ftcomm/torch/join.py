@@ -63,7 +63,7 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
     while True:
         comm = pg.begin_handshake()
         try:
-            state, loaded = _exchange(comm, model, optimizer, extra_state, loader_state, timeout)
+            state, loaded = _exchange(comm, model, optimizer, extra_state, loader_state, timeout, pg.timeout)
             if isinstance(optimizer, ZeroRedundancyOptimizer):
                 optimizer.hand_over_shards(comm)
             _sync_ddp_buckets(model)
@@ -96,11 +96,14 @@ def hand_over(pg, model, optimizer, extra_state=(), loader_state: dict | None = 
         return state
 
 
-def _exchange(comm, model, optimizer, extra_state, loader_state, timeout: float):
-    """Steps 1-2. Returns (the loader state, whether this rank's state is usable)."""
+def _exchange(comm, model, optimizer, extra_state, loader_state, arrival_timeout: float, timeout: float):
+    """Steps 1-2. Returns (the loader state, whether this rank's state is usable). The allgather
+    waits up to ``arrival_timeout`` (FTCOMM_JOIN_TIMEOUT) for newcomers still in their set-up;
+    once every rank has arrived, the broadcast has the group's usual deadline: a newcomer that
+    hangs after arriving is fenced like any hung rank."""
     holds = np.array([0 if loader_state is None else 1], np.int64)
     flags = np.empty(comm.size, np.int64)
-    comm.allgather(holds, flags, timeout=timeout)  # waits for newcomers still starting
+    comm.allgather(holds, flags, timeout=arrival_timeout)  # waits for newcomers still starting
     fault.point("join", comm.world_rank, comm.last_committed_step)  # tests: a failure mid-hand-over
     if not flags.any():
         raise StateLostError("ftcomm.torch: every rank that held the training state failed; a "

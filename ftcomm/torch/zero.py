@@ -274,7 +274,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for gi, group in enumerate(self.param_groups):
             first = index
             for p in group["params"]:
-                if scalars is not None and scalars[gi] is not None:
+                # torch keeps no entry for a parameter without state (SGD without momentum)
+                has_state = bool(kinds) or len(self._engine.stepper.slots) > 1
+                if has_state and scalars is not None and scalars[gi] is not None:
                     entry = {k: (v if kinds[k] is None else torch.tensor(v, dtype=kinds[k]))
                              for k, v in scalars[gi].items()}
                     for name in self._engine.stepper.slots[1:]:

@@ -164,6 +164,9 @@ def test_two_failures_two_spares_back_to_full_size(fault, survivors, newcomer_ra
     # a 60 s set-up against FTCOMM_JOIN_TIMEOUT = 3 s: the newcomer stops beating after 3 s and
     # is fenced as a hung rank 5 s later
     pytest.param(FIRST_KILL, ("--newcomer-setup-s", 60), {"FTCOMM_JOIN_TIMEOUT": "3"}, 1, id="never arrives"),
+    # arrives, then hangs in the hand-over: fenced at FTCOMM_TIMEOUT (5 s), not FTCOMM_JOIN_TIMEOUT
+    pytest.param(f"{FIRST_KILL};rank={N},point=join,kind=hang", (), {"FTCOMM_JOIN_TIMEOUT": "600"}, 1,
+                 id="hangs in the hand-over"),
 ])
 def test_newcomer_lost_with_no_spare_left_shrinks(fault, args, env, redone):
     job = run(1, fault, *args, ftcomm_timeout=5 if env else 30, env=env)
