@@ -40,7 +40,7 @@ import torch
 
 from . import join, resplit
 from .executor import EXECUTOR
-from .process_group import ProcessGroupFtcomm
+from .process_group import ftcomm_group
 from .step_state import STATE, install_hook
 
 
@@ -133,16 +133,7 @@ class ResilientLoader:
         return state
 
     def _process_group(self):
-        pg = self._pg
-        if pg is None:
-            import torch.distributed as dist
-
-            pg = dist.distributed_c10d._get_default_group()
-        if not isinstance(pg, ProcessGroupFtcomm):
-            raise TypeError(
-                f"ftcomm.torch.resilient needs an ftcomm process group, not {type(pg).__name__}: "
-                'call dist.init_process_group("ftcomm") first (or pass process_group=)')
-        return pg
+        return ftcomm_group(self._pg, "ftcomm.torch.resilient")
 
     def _check_joinable(self, pg, can_resplit: bool) -> bool:
         """With spares, whether a newcomer could join this loop; else raise (every rank runs

@@ -467,6 +467,20 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     monitored_barrier = _unsupported("monitored_barrier")
 
 
+def ftcomm_group(process_group, user: str) -> "ProcessGroupFtcomm":
+    """``process_group``, or the default group when None; ``user`` (what needs it, for the error)
+    takes only ftcomm groups.
+
+    Raises:
+        TypeError: the group is not an ftcomm one.
+    """
+    pg = dist.distributed_c10d._get_default_group() if process_group is None else process_group
+    if not isinstance(pg, ProcessGroupFtcomm):
+        raise TypeError(f"{user} needs an ftcomm process group, not {type(pg).__name__}: "
+                        'call dist.init_process_group("ftcomm") first (or pass process_group=)')
+    return pg
+
+
 def _nothing() -> None:
     return None
 

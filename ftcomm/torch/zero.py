@@ -39,21 +39,10 @@ from ..core.outcome import retrying
 from ..training import ShardedOptimizer
 from ..training.stepper import probe, resolve
 from .executor import EXECUTOR
-from .process_group import ProcessGroupFtcomm
+from .process_group import ftcomm_group
 from .step_state import step_voided, void_current_step
 
 _FAILURES = (ProcFailedError, RevokedError, CollectiveTimeoutError)
-
-
-def _ftcomm_group(process_group) -> ProcessGroupFtcomm:
-    if process_group is None:
-        import torch.distributed as dist
-
-        process_group = dist.distributed_c10d._get_default_group()
-    if not isinstance(process_group, ProcessGroupFtcomm):
-        raise TypeError(f"ftcomm.torch.ZeroRedundancyOptimizer needs an ftcomm process group, not "
-                        f"{type(process_group).__name__}: call dist.init_process_group(\"ftcomm\") first")
-    return process_group
 
 
 def _describe_groups(groups: list[dict]) -> str:
@@ -105,7 +94,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, optimizer_class, *, process_group=None, replicas: int = 1,
                  parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, **defaults):
-        self._pg = _ftcomm_group(process_group)
+        self._pg = ftcomm_group(process_group, "ftcomm.torch.ZeroRedundancyOptimizer")
         if overlap_with_ddp:
             raise ValueError("ftcomm.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported; "
                              "the step runs after backward")
@@ -270,12 +259,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _torch_state_dict(self, full: dict) -> dict:
         scalars, kinds = self._engine.scalars, self._engine.stepper.probe.scalars
+        # torch keeps no entry for a parameter without state (SGD without momentum)
+        has_state = bool(kinds) or len(self._engine.stepper.slots) > 1
         state, groups, index, offset = {}, [], 0, 0
         for gi, group in enumerate(self.param_groups):
             first = index
             for p in group["params"]:
-                # torch keeps no entry for a parameter without state (SGD without momentum)
-                has_state = bool(kinds) or len(self._engine.stepper.slots) > 1
                 if has_state and scalars is not None and scalars[gi] is not None:
                     entry = {k: (v if kinds[k] is None else torch.tensor(v, dtype=kinds[k]))
                              for k, v in scalars[gi].items()}

@@ -126,8 +126,9 @@ class ReplicaStore:
         rank, size = comm.rank, comm.size
         nodes = nodes_of(comm.world_ranks)  # node-aware placement once nodes are registered
         shard_len = state.shape[1]
+        peers = buddies(rank, size, self.replicas, nodes)
         sends, recvs = [], []
-        for peer in buddies(rank, size, self.replicas, nodes):
+        for peer in peers:
             sends += [(peer, header)] + ([(peer, state[1:])] if len(state) > 1 else [])
         for ward in wards(rank, size, self.replicas, nodes):
             slot = self._buffer(state.shape)
@@ -135,7 +136,7 @@ class ReplicaStore:
             slot.state[0] = params[ward * shard_len:(ward + 1) * shard_len]
             recvs += [(ward, slot.header)] + ([(ward, slot.state[1:])] if len(state) > 1 else [])
         comm.exchange(sends=sends, recvs=recvs, tag=Tag.REPLICA, timeout=timeout)
-        return len(buddies(rank, size, self.replicas, nodes)) * (header.nbytes + state[1:].nbytes)
+        return len(peers) * (header.nbytes + state[1:].nbytes)
 
     def commit(self) -> None:
         """The pending set becomes the committed one (call once an agreement confirmed that every

@@ -20,6 +20,13 @@ PHASES = {
 }
 
 
+def _check_replicas_equal_their_owners(finals: dict) -> None:
+    """Every shard's replica, held by its buddy, equals the owner's live shard (CRC-32)."""
+    live = {rep["rank"]: rep["live_crc"] for rep in finals.values()}
+    held = {int(shard): crc for rep in finals.values() for shard, crc in rep["replica_crcs"].items()}
+    assert held == live, (held, live)
+
+
 @pytest.mark.fault
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
@@ -63,10 +70,7 @@ def test_kill_in_each_phase_rebuilds_the_committed_state(phase):
         assert rep["accuracy"] >= 0.75, rep
     assert len({rep["params"] for rep in finals.values()}) == 1, "survivors' parameters differ"
     assert len({rep["state"] for rep in finals.values()}) == 1, "survivors' optimizer states differ"
-    # every shard's replica, held by its buddy, equals the owner's live shard
-    live = {rep["rank"]: rep["live_crc"] for rep in finals.values()}
-    held = {int(shard): crc for rep in finals.values() for shard, crc in rep["replica_crcs"].items()}
-    assert held == live, (held, live)
+    _check_replicas_equal_their_owners(finals)
 
 
 _reference: dict = {}
@@ -104,9 +108,7 @@ def test_kill_with_a_spare_ends_where_the_failure_free_run_ends(phase):
         # float rounding only: the redone step's gradient is summed in another order
         np.testing.assert_allclose(rep["values"], want, rtol=0, atol=1e-6)
     assert len({rep["state"] for rep in finals.values()}) == 1
-    live = {rep["rank"]: rep["live_crc"] for rep in finals.values()}
-    held = {int(shard): crc for rep in finals.values() for shard, crc in rep["replica_crcs"].items()}
-    assert held == live, (held, live)
+    _check_replicas_equal_their_owners(finals)
 
 
 @pytest.mark.fault
