@@ -14,7 +14,8 @@ For each size, two jobs (each under ftcomm-run with a hard timeout):
 
 * memory: world rank N-1 is SIGKILLed at point ``shard_update`` of step ``--kill-step`` (after the
   gradient allreduce committed, so detection, agreement and shrink are separate phases). MTTR =
-  kill to the first committed step after it, split into detection (kill -> exception, wall
+  kill (the wall-clock time the killed rank prints to stderr just before SIGKILL) to the first
+  committed step after it, split into detection (kill -> exception, wall
   clock, one machine), agree + shrink, state rebuild (find, verify, re-shard, re-replicate) and
   the redone step.
 * disk: the same training with replicas=0 and a torch.save checkpoint every ``--ckpt-every``
@@ -36,6 +37,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -95,8 +97,6 @@ def worker(args) -> None:
         fault.inject(kill_point, rank=comm.size - 1, step=args.kill_step)
 
     def train_step(state, batch):
-        if not args.resume and state.comm.world_rank == comm.size - 1 and batch.step == args.kill_step:
-            log(event="kill", step=batch.step)
         fault.point("train_step", state.comm.world_rank, batch.step)
         idx = torch.from_numpy(batch.indices)
         loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx], reduction="sum") / batch.global_size
@@ -158,8 +158,20 @@ def steady(events, upto):
     return out
 
 
-def memory_result(events):
-    kill = next(e for e in events if e["event"] == "kill")
+_FAULT_LINE = re.compile(r"ftcomm: fault injection: \w+ rank \d+ at \w+ \(step \d+\), unix time ([0-9.]+)")
+
+
+def fault_time(stderr: str) -> float:
+    """Wall-clock time of the injected fault, from the line the failing rank prints to stderr
+    just before it fails (csrc/fault/injection.cpp): MTTR counts from the fault itself."""
+    found = _FAULT_LINE.search(stderr)
+    if found is None:
+        raise RuntimeError(f"no fault injection line in the job's stderr: {stderr[-2000:]}")
+    return float(found.group(1))
+
+
+def memory_result(events, stderr: str):
+    kill = {"time": fault_time(stderr)}
     rec = [e for e in events if e["event"] == "recovered"]
     first = next(e for e in events if e["event"] == "first_commit" and e["rank"] == rec[0]["rank"])
     r0 = min(rec, key=lambda e: e["rank"])
@@ -171,8 +183,8 @@ def memory_result(events):
             "bytes_moved": r0["bytes_moved"], "first_commit_rank0": first["time"]}
 
 
-def disk_result(before, after, relaunch_started, kill_step):
-    kill = next(e for e in before if e["event"] == "kill")
+def disk_result(before, after, relaunch_started, kill_step, stderr: str):
+    kill = {"time": fault_time(stderr)}
     restored = next(e for e in after if e["event"] == "restored" and e["rank"] == 0)
     first = next(e for e in after if e["event"] == "step" and e["rank"] == 0)
     regained = next(e for e in after if e["event"] == "step" and e["rank"] == 0 and e["step"] >= kill_step)
@@ -191,7 +203,7 @@ def run_policy(args, name, log_dir, policy) -> dict:
     events = read_events(log_dir)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
-    out = memory_result(events)
+    out = memory_result(events, proc.stderr)
     rec = next(e for e in events if e["event"] == "recovered")
     last = max((e for e in events if e["event"] == "step"), key=lambda e: e["step"])
     out.update(job_wall_s=wall, world_size_after=last["world_size"], fallback=rec.get("fallback"),
@@ -209,7 +221,7 @@ def run_size(args, name):
     if proc.returncode != 0:
         res["memory_error"] = proc.stderr[-2000:]
         return res, events, []
-    res["memory"] = memory_result(events)
+    res["memory"] = memory_result(events, proc.stderr)
     res["steady"] = steady(events, args.kill_step)
     summ = next((e for e in events if e["event"] == "summary"), {})
     res.update({k: summ.get(k) for k in ("params", "peak_rss_bytes", "replica_bytes", "shard_bytes")})
@@ -228,7 +240,7 @@ def run_size(args, name):
     if proc2.returncode != 0:
         res["disk_error"] = proc2.stderr[-2000:]
         return res, events, []
-    res["disk"] = disk_result(before, after, relaunch, args.kill_step)
+    res["disk"] = disk_result(before, after, relaunch, args.kill_step, proc1.stderr)
     res["disk"]["first_job_rc"] = proc1.returncode
     return res, events, before + after
 

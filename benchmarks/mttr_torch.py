@@ -1,8 +1,8 @@
 """The torch path of benchmarks/mttr.py (``--path torch``): one rank's training job, launched by
 mttr.py under ftcomm-run. DDP over the "ftcomm" backend with ``ftcomm.torch.ZeroRedundancyOptimizer``
 (AdamW) on the MLP of mttr.py, a DataLoader with a DistributedSampler, and the loop in
-``ftcomm.torch.resilient``. It writes the JSON-lines events mttr.py's driver reads (``kill``,
-``step``, ``recovered``, ``first_commit``, ``checkpoint``, ``restored``, ``summary``).
+``ftcomm.torch.resilient``. It writes the JSON-lines events mttr.py's driver reads (``step``,
+``recovered``, ``first_commit``, ``checkpoint``, ``restored``, ``summary``).
 
 memory: k replicas; world rank N-1 is SIGKILLed in the shard update of step ``--kill-step``;
     the survivors void the step, recover (shrink, or a spare with ``--policy spares``), rebuild the
@@ -111,9 +111,6 @@ def worker(args, model) -> None:
                 if opt.sharded.step_id >= args.steps:
                     raise StopIteration
                 t0 = time.perf_counter()
-                if not args.resume and world_rank == dist.get_world_size() - 1 \
-                        and opt.sharded.step_id + 1 == args.kill_step:
-                    log(event="kill", step=args.kill_step)
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(ddp(x), y).backward()
                 opt.step()

@@ -1,6 +1,7 @@
 #include "fault/injection.h"
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,9 +26,13 @@ bool Matches(const Spec& s, const char* point, int world_rank, int64_t step, int
 
 [[noreturn]] void Fail(const Spec& s, int world_rank, int64_t step) {
   static const char* kNames[] = {"kill", "exit", "hang", "stop"};
-  std::fprintf(stderr, "ftcomm: fault injection: %s rank %d at %s (step %lld)\n",
+  // The wall-clock time lets a benchmark measure from the fault itself (MTTR = fault to the
+  // first committed step after it), not from the start of the step it hit.
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  std::fprintf(stderr, "ftcomm: fault injection: %s rank %d at %s (step %lld), unix time %.6f\n",
                kNames[static_cast<int>(s.kind)], world_rank, s.point.c_str(),
-               static_cast<long long>(step));
+               static_cast<long long>(step), now.tv_sec + now.tv_nsec * 1e-9);
   std::fflush(stderr);
   switch (s.kind) {
     case Kind::kKill: kill(getpid(), SIGKILL); break;

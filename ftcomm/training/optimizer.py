@@ -30,6 +30,7 @@ from ..core.outcome import agreed, retrying
 from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
 from ..membership import nodes
 from . import rebuild as _rebuild
+from . import storage
 from .layout import ShardLayout
 from .replica import ReplicaStore, encode_header
 from .stepper import GroupRange, ShardStepper, resolve
@@ -94,7 +95,9 @@ class ShardedOptimizer:
         **defaults: the optimizer class's other arguments (betas, weight_decay, momentum, ...).
 
     Memory per rank (bytes): full params 4P + flat grads 4P + live and staging shards
-    2 x 4 x slots x P/N + replicas 2 x k x 4 x slots x P/N (committed + in flight).
+    2 x 4 x slots x P/N + replicas 2 x k x 4 x slots x P/N (committed + in flight); the shard
+    buffers are allocated N/(N-1) times that, so that a shrink finds the memory of its larger
+    shards already there (``storage.py``).
 
     On a newcomer (``comm.promoted``: a spare or respawned process that ``comm.recover`` put in a
     failed rank's place) the constructor does not start from ``params``: it joins the
@@ -138,13 +141,13 @@ class ShardedOptimizer:
         numel = sum(p.numel() for p in self.params)
         nodes.register(comm, timeout)  # replicas go to other nodes than their owners
         self.layout = ShardLayout(numel, tuple(comm.world_ranks))
-        flat = np.zeros(self.layout.padded, _F32)
+        flat = storage.allocate((self.layout.padded,), storage.flat_capacity(self.layout))
         self._copy_params_into(flat)
         comm.broadcast(flat, 0, timeout=timeout)
         self._bind(flat)
-        self.live = np.zeros((len(self.stepper.slots), self.layout.shard_len), _F32)
+        self.live = storage.allocate(self.shard_shape(self.layout), self.shard_capacity(self.layout))
         self.live[0] = self._my_slice(self.flat)
-        self.staging = np.empty_like(self.live)
+        self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout))
         self._replicate_and_agree(self.live, step=0, meta={})
 
     # -- layout helpers ------------------------------------------------------------------
@@ -155,6 +158,14 @@ class ShardedOptimizer:
     @property
     def numel(self) -> int:
         return self.layout.numel
+
+    def shard_shape(self, layout: ShardLayout) -> tuple:
+        """Shape of a shard's state under ``layout``: (slots, shard_len)."""
+        return len(self.stepper.slots), layout.shard_len
+
+    def shard_capacity(self, layout: ShardLayout) -> int:
+        """Elements to allocate for a shard buffer under ``layout`` (``storage.py``)."""
+        return storage.shard_capacity(layout, len(self.stepper.slots))
 
     def _my_slice(self, flat: np.ndarray) -> np.ndarray:
         start = self.layout.start(self.comm.rank)
@@ -167,8 +178,13 @@ class ShardedOptimizer:
             offset += p.numel()
 
     def _bind(self, flat: np.ndarray) -> None:
-        """Points every parameter into ``flat`` (views, no copy) and allocates the flat gradient."""
-        self.flat, self.flat_grad = flat, np.zeros_like(flat)
+        """Points every parameter into ``flat`` (views, no copy) and gives the flat gradient the
+        same length, in the memory it had if that is large enough."""
+        grad = storage.reuse(getattr(self, "flat_grad", None), flat.shape)
+        if grad is None:
+            grad = storage.allocate(flat.shape, storage.storage(flat).size)
+        grad[self.layout.numel:] = 0  # padding: never written by _gather_grads
+        self.flat, self.flat_grad = flat, grad
         offset = 0
         for p in self.params:
             p.data = _t(flat[offset:offset + p.numel()]).view_as(p)
@@ -366,11 +382,11 @@ class ShardedOptimizer:
         """Makes a rebuilt state current (``rebuild.finish`` calls it after its agreement, on
         every rank): the new communicator, layout, live shard and parameters, step and metadata;
         the pending replicas become the committed ones."""
+        old_live = getattr(self, "live", None)  # a newcomer has none
         self.comm, self.layout, self.live = comm, layout, live
-        self.staging = np.empty_like(live)
+        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout))
         self._bind(flat)
         self.store.commit()
-        self.store.drop_spares()
         self.step_id, self.committed_meta = step, dict(meta)
 
     def gather_state(self) -> dict:

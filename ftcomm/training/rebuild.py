@@ -26,6 +26,7 @@ from ..core.outcome import agreed
 from ..errors import FtError, InvalidInputError, StateLostError
 from .buddies import holders
 from .layout import Piece, ShardLayout, reshard_plan
+from . import storage
 from .replica import HEADER_BYTES, decode_header, encode_header
 
 _BITS = 31  # an agreement carries a non-negative int below 2**31
@@ -204,10 +205,14 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
     state (``opt.adopt``), else raises ProcFailedError with the old holdings untouched. ``ok``
     False: this rank's earlier part (moving the pieces) already failed.
 
+    The parameters are gathered into the model's own flat buffer when it is large enough (no
+    fresh memory to touch, see ``storage.py``): like the step's allgather, an aborted rebuild
+    may leave them half-written, and the next rebuild writes them whole.
+
     Raises:
         ProcFailedError: on every rank, when any rank's part failed.
     """
-    flat = np.zeros(new.padded, np.float32)
+    flat = storage.reuse_or_allocate(getattr(opt, "flat", None), (new.padded,), storage.flat_capacity(new))
     with agreed(comm, f"rebuild of step {step}", step=step, timeout=opt.timeout,
                 on_abort=opt.store.discard_pending) as outcome:
         if not ok:
@@ -233,7 +238,10 @@ def rebuild_in_memory(opt, comm) -> dict:
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
     new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
     plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
-    live = np.zeros((len(opt.stepper.slots), new.shard_len), np.float32)
+    # The staging shard holds nothing between steps: the new shard goes into its memory.
+    live = storage.reuse_or_allocate(getattr(opt, "staging", None), opt.shard_shape(new), opt.shard_capacity(new))
+    lo, hi = new.bounds(comm.rank)
+    live[:, hi - lo:] = 0  # padding; the pieces fill the rest
     header = np.zeros(HEADER_BYTES, np.uint8)
     headers = newcomer_headers(opt, comm, old, sources, header)
     ok = True

@@ -9,7 +9,8 @@ Double buffer: replicas arrive into a *pending* set; the caller turns it into th
 only after an agreement says every rank's pending set is complete (``commit``). Until then the
 previous committed set stays intact, so a recovery always finds one complete, checksummed
 generation. Memory: ``k x shard bytes`` committed plus ``k x shard bytes`` pending (the pending
-buffers are recycled from the previous generation, so steady state holds ``2k`` shard buffers).
+buffers are recycled from the previous generation, so steady state holds ``2k`` shard buffers,
+each allocated with room for the larger shards after a shrink: ``storage.py``).
 
 Only the optimizer-state slots cross the network: every rank already receives its wards' new
 parameters in the step's allgather (ZeRO-1 gathers every shard everywhere), so a replica's
@@ -26,6 +27,7 @@ import xxhash
 
 from ..core.codes import Tag
 from ..membership.nodes import nodes_of
+from . import storage
 from .buddies import buddies, wards
 
 HEADER_BYTES = 32 * 1024  # fixed, so that receivers know every message size in advance
@@ -98,12 +100,15 @@ class ReplicaStore:
         self.pending: dict[int, Replica] = {}
         self._pool: list[Replica] = []  # spare buffers from an older generation
 
-    def _buffer(self, shape) -> Replica:
+    def _buffer(self, shape, capacity: int = 0) -> Replica:
+        """A free replica buffer of ``shape``: a recycled one whose memory is large enough (one
+        too small is dropped), else a new one of at least ``capacity`` elements."""
         while self._pool:
             spare = self._pool.pop()
-            if spare.state.shape == shape:
-                return spare
-        return Replica(np.zeros(HEADER_BYTES, np.uint8), np.zeros(shape, np.float32))
+            state = storage.reuse(spare.state, shape)
+            if state is not None:
+                return Replica(spare.header, state)
+        return Replica(np.zeros(HEADER_BYTES, np.uint8), storage.allocate(shape, capacity))
 
     def replicate(self, comm, header: np.ndarray, state: np.ndarray, params: np.ndarray, timeout=None) -> int:
         """Sends this rank's shard to its buddies and receives its wards' shards into the pending
@@ -126,12 +131,13 @@ class ReplicaStore:
         rank, size = comm.rank, comm.size
         nodes = nodes_of(comm.world_ranks)  # node-aware placement once nodes are registered
         shard_len = state.shape[1]
+        capacity = state.shape[0] * storage.grown_len(shard_len, size)
         peers = buddies(rank, size, self.replicas, nodes)
         sends, recvs = [], []
         for peer in peers:
             sends += [(peer, header)] + ([(peer, state[1:])] if len(state) > 1 else [])
         for ward in wards(rank, size, self.replicas, nodes):
-            slot = self._buffer(state.shape)
+            slot = self._buffer(state.shape, capacity)
             self.pending[ward] = slot
             slot.state[0] = params[ward * shard_len:(ward + 1) * shard_len]
             recvs += [(ward, slot.header)] + ([(ward, slot.state[1:])] if len(state) > 1 else [])
@@ -149,16 +155,13 @@ class ReplicaStore:
         self._pool.extend(self.pending.values())
         self.pending = {}
 
-    def drop_spares(self) -> None:
-        """Frees recycled buffers (after a re-shard changed the shard size)."""
-        self._pool = []
-
     def get(self, shard: int) -> Replica | None:
         """The committed replica of ``shard``, if this rank keeps one."""
         return self.committed.get(shard)
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held by replicas: committed + pending + spare buffers."""
+        """Host bytes held by replicas: committed + pending + spare buffers, with their room to
+        grow."""
         every = [*self.committed.values(), *self.pending.values(), *self._pool]
-        return sum(r.header.nbytes + r.state.nbytes for r in every)
+        return sum(r.header.nbytes + storage.storage(r.state).nbytes for r in every)
