@@ -9,6 +9,7 @@ from ftcomm.training.rebuild import choose_sources
 from ftcomm.training.replica import HEADER_BYTES, Replica, ReplicaStore, decode_header, encode_header
 from ftcomm.training.buddies import buddies, holders, wards
 from ftcomm.training.layout import ShardLayout, reshard_plan
+from ftcomm.training import storage
 
 
 @pytest.mark.parametrize("numel,size", [(10, 4), (2410, 3), (7, 8), (1, 1), (100, 4)])
@@ -81,6 +82,39 @@ def test_store_double_buffer_keeps_committed_until_commit():
     store.discard_pending()
     assert store.get(0).state[0, 0] == 1
     assert store.nbytes == 2 * (HEADER_BYTES + 32)  # committed + one spare buffer
+
+
+@pytest.mark.parametrize("numel,size", [(10, 4), (2410, 3), (7, 8), (1, 2), (100, 4), (10_000_019, 4), (5, 1)])
+def test_buffers_have_room_for_the_layout_of_one_rank_fewer(numel, size):
+    now = ShardLayout(numel, tuple(range(size)))
+    after = ShardLayout(numel, tuple(range(max(size - 1, 1))))
+    assert storage.grown_len(now.shard_len, size) >= after.shard_len
+    assert storage.shard_capacity(now, 3) >= 3 * after.shard_len
+    assert storage.flat_capacity(now) >= max(after.padded, now.padded)
+
+
+def test_reuse_views_the_same_memory_when_it_fits_and_refuses_otherwise():
+    a = storage.allocate((2, 4), capacity=12)
+    assert a.shape == (2, 4) and not a.any() and storage.storage(a).size == 12
+    a[:] = 7
+    grown = storage.reuse(a, (3, 4))  # a shrink made the shard longer: same memory
+    assert grown.shape == (3, 4) and np.shares_memory(grown, a) and grown.flags.c_contiguous
+    assert storage.reuse(a, (4, 4)) is None and storage.reuse(None, (1,)) is None
+    assert storage.reuse(np.zeros(16, np.float64), (2,)) is None  # float32 memory only
+    fresh = storage.reuse_or_allocate(a, (5, 4), capacity=30)
+    assert not np.shares_memory(fresh, a) and storage.storage(fresh).size == 30
+
+
+def test_store_recycles_a_buffer_for_the_larger_shards_after_a_shrink():
+    store = ReplicaStore(1)
+    a = store._buffer((2, 4), capacity=12)
+    store.pending[0] = a
+    store.commit()
+    store.commit()  # a's buffer is free again
+    b = store._buffer((2, 6))
+    assert np.shares_memory(b.state, a.state) and b.header is a.header
+    c = store._buffer((2, 7))  # larger than any free buffer: a new one
+    assert not np.shares_memory(c.state, a.state) and c.state.shape == (2, 7)
 
 
 def test_sampler_resplit_after_shrink_uses_every_sample_once_per_epoch():
