@@ -3,7 +3,9 @@
 torch accepts a Python subclass of ``dist.ProcessGroup`` as a whole process group (what the
 registered factory returns; see ``__init__.py``). Each collective is checked on the calling thread
 (an unsupported op or device raises ``NotImplementedError`` at once), then queued on ftcomm's
-communication thread, and returns an ``FtWork`` whose future holds the output tensors.
+communication thread, and returns an ``FtWork`` whose future holds the output tensors. CUDA
+tensors are staged through host memory, in their streams' order, and written only when the
+collective succeeded (``device.py``).
 
 Mapping (N = world size of the group, S = bytes per rank):
 
@@ -36,6 +38,7 @@ from ..core.events import between
 from ..core.outcome import agreed, retrying
 from ..errors import FtError, ProcFailedError, RevokedError
 from ..membership import spares
+from .device import Staging
 from .executor import EXECUTOR
 from .step_state import in_resilient_step, join_ready, note_recovery
 from .work import FtWork, completed_work, make_future
@@ -69,7 +72,7 @@ def _reduce_op(opts, collective: str) -> str:
         "(supported: SUM, AVG, MIN, MAX, PRODUCT)")
 
 
-SUPPORTED_DEVICES = ("cpu",)
+SUPPORTED_DEVICES = ("cpu", "cuda")
 
 
 def _check_devices(tensors, collective: str) -> None:
@@ -98,7 +101,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         comm: the ftcomm communicator (its ranks are the group's ranks).
         timeout: deadline of each collective, seconds (default FTCOMM_TIMEOUT, 600 s).
 
-    Tensors: contiguous CPU tensors; allreduce and reduce_scatter take float32, float64, float16,
+    Tensors: CPU or CUDA tensors (CUDA ones staged through host memory, ``device.py``);
+    allreduce and reduce_scatter take float32, float64, float16,
     bfloat16, int32, int64 (others fail on every rank with ``ftcomm.InvalidInputError``);
     broadcast and allgather move bytes, so any dtype. ``rank()`` / ``size()`` follow the
     communicator, so they change after a recovery.
@@ -153,15 +157,21 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return f"<ProcessGroupFtcomm rank {self.rank()} of {self.size()}, generation {self.generation}>"
 
     # -- machinery --------------------------------------------------------------------------
-    def _submit(self, name: str, result: list, fn, uniform: bool, local=None) -> FtWork:
+    def _submit(self, name: str, result: list, fn, uniform: bool, local=None, staging: Staging | None = None) -> FtWork:
+        """Queues ``fn(comm)`` on the communication thread. ``staging``: the collective's tensors
+        (``fn`` works on ``staging.host(t)``); device tensors are copied in after their streams'
+        pending work, and back only if the collective succeeded."""
         if self.joining:
             return self._complete_locally(name, result, local)
-        fut = make_future()
+        staging = staging or Staging()
+        fut = make_future(staging.devices)
         work = FtWork(fut, name)
 
         def run():
             try:
+                staging.stage_in()
                 self._run(name, fn, uniform)
+                staging.copy_back()
             except BaseException as exc:  # noqa: BLE001 - reported through the future
                 fut.set_exception(exc)
             else:
@@ -288,7 +298,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         bucket, committed as one ftcomm step). ``opts.reduceOp``: SUM, AVG, MIN, MAX, PRODUCT.
 
         Raises:
-            NotImplementedError: another op (BAND, BOR, BXOR, PREMUL_SUM) or a non-CPU tensor.
+            NotImplementedError: another op (BAND, BOR, BXOR, PREMUL_SUM), or a tensor on a
+                device other than CPU and CUDA.
         Work errors: ``ftcomm.InvalidInputError`` (dtype, contiguity, lengths differ between
             ranks), ``ftcomm.ProcFailedError`` outside a resilient step, timeouts.
         """
@@ -302,11 +313,12 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         op = _reduce_op(opts, name)
         tensors = list(tensors)
         _check_devices(tensors, name)
+        staging = Staging(inout=tensors)
 
         def fn(comm):
-            comm.allreduce(tensors, op=op, timeout=self._timeout)
+            comm.allreduce([staging.host(t) for t in tensors], op=op, timeout=self._timeout)
 
-        return self._submit(name, tensors, fn, uniform=True)
+        return self._submit(name, tensors, fn, uniform=True, staging=staging)
 
     def broadcast(self, tensors, opts=None) -> FtWork:
         """Broadcast of each tensor from ``opts.rootRank``, in place, any dtype. If the root dies
@@ -318,11 +330,12 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if not 0 <= root < comm0.size:
             raise ValueError(f"broadcast: root {root} is outside 0..{comm0.size - 1}")
         root_world = comm0.world_ranks[root]
+        staging = Staging(inout=tensors)
 
         def fn(comm):
             ranks = comm.world_ranks
             r = ranks.index(root_world) if root_world in ranks else 0
-            for t in tensors:
+            for t in map(staging.host, tensors):
                 if t.numel() == 0:
                     continue
                 buf = t if t.is_contiguous() else t.contiguous()
@@ -330,7 +343,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 if buf is not t:
                     t.copy_(buf)
 
-        return self._submit("broadcast", tensors, fn, uniform=False, local=_nothing)
+        return self._submit("broadcast", tensors, fn, uniform=False, local=_nothing, staging=staging)
 
     def allgather(self, output_tensors, input_tensors, opts=None) -> FtWork:
         """``output_tensors[i][j]`` receives rank j's ``input_tensors[i]`` (any dtype; each output
@@ -342,6 +355,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise ValueError("allgather: need one output list per input tensor")
         if any(len(o) != self.comm.size for o in outs):
             raise ValueError(f"allgather: each output list must hold {self.comm.size} tensors")
+        staging = Staging(inputs=ins, outputs=[t for o in outs for t in o])
 
         def fn(comm):
             n = comm.size
@@ -349,19 +363,19 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 if len(out) != n:
                     raise _ShapeChanged(f"allgather: {len(out)} outputs for a group of {n} "
                                         "(the group shrank; this collective cannot be redone)")
-                src = inp.contiguous()
+                src = staging.host(inp).contiguous()
                 flat = torch.empty((n,) + tuple(src.shape), dtype=src.dtype)
                 if src.numel():
                     comm.allgather(_byte_view(src), _byte_view(flat), timeout=self._timeout)
                 for j, o in enumerate(out):
-                    o.copy_(flat[j].view_as(o))
+                    staging.host(o).copy_(flat[j].view_as(o))
 
         def local():
             for inp, out in zip(ins, outs):
                 for o in out:
                     o.copy_(inp.view_as(o))
 
-        return self._submit("allgather", outs, fn, uniform=False, local=local)
+        return self._submit("allgather", outs, fn, uniform=False, local=local, staging=staging)
 
     def all_gather_single(self, output, input, opts=None) -> FtWork:  # noqa: A002
         """``output`` (size x input's elements, contiguous) receives every rank's ``input`` in
@@ -371,6 +385,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if output.numel() != self.comm.size * input.numel():
             raise ValueError(f"all_gather_into_tensor: output must hold {self.comm.size} x "
                              f"{input.numel()} elements, it holds {output.numel()}")
+        staging = Staging(inputs=[input], outputs=[output])
 
         def fn(comm):
             n = comm.size
@@ -379,16 +394,16 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                                     f"not {n} x {input.numel()}")
             if input.numel() == 0:
                 return
-            src = input.contiguous()
-            dst = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+            src, out = staging.host(input).contiguous(), staging.host(output)
+            dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
             comm.allgather(_byte_view(src), _byte_view(dst), timeout=self._timeout)
-            if dst is not output:
-                output.copy_(dst)
+            if dst is not out:
+                out.copy_(dst)
 
         def local():
             output.view(-1, max(input.numel(), 1))[:, :input.numel()].copy_(input.reshape(1, -1))
 
-        return self._submit("all_gather_into_tensor", [output], fn, uniform=False, local=local)
+        return self._submit("all_gather_into_tensor", [output], fn, uniform=False, local=local, staging=staging)
 
     _allgather_base = all_gather_single
 
@@ -404,19 +419,20 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise ValueError("reduce_scatter: need one input list per output tensor")
         if any(len(x) != self.comm.size for x in ins):
             raise ValueError(f"reduce_scatter: each input list must hold {self.comm.size} tensors")
+        staging = Staging(inputs=[t for x in ins for t in x], outputs=outs)
 
         def fn(comm):
             n, r = comm.size, comm.rank
             for out, parts in zip(outs, ins):
                 if len(parts) != n:
                     raise _ShapeChanged(f"reduce_scatter: {len(parts)} inputs for a group of {n}")
-            temps = [torch.cat([p.reshape(-1) for p in parts]) for parts in ins]
+            temps = [torch.cat([staging.host(p).reshape(-1) for p in parts]) for parts in ins]
             comm.allreduce(temps, op=op, timeout=self._timeout)
             for out, parts, tmp in zip(outs, ins, temps):
                 offset = sum(p.numel() for p in parts[:r])
-                out.copy_(tmp[offset:offset + parts[r].numel()].view_as(out))
+                staging.host(out).copy_(tmp[offset:offset + parts[r].numel()].view_as(out))
 
-        return self._submit("reduce_scatter", outs, fn, uniform=True)
+        return self._submit("reduce_scatter", outs, fn, uniform=True, staging=staging)
 
     def reduce_scatter_single(self, output, input, opts=None) -> FtWork:  # noqa: A002
         """``output`` receives block ``rank`` (``output.numel()`` elements) of the reduction over
@@ -427,17 +443,18 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if input.numel() != self.comm.size * output.numel():
             raise ValueError(f"reduce_scatter_tensor: input must hold {self.comm.size} x "
                              f"{output.numel()} elements, it holds {input.numel()}")
+        staging = Staging(inputs=[input], outputs=[output])
 
         def fn(comm):
             n, r, k = comm.size, comm.rank, output.numel()
             if input.numel() != n * k:
                 raise _ShapeChanged(f"reduce_scatter_tensor: input holds {input.numel()} elements, "
                                     f"not {n} x {k}")
-            tmp = input.reshape(-1).clone()
+            tmp = staging.host(input).reshape(-1).clone()
             comm.allreduce(tmp, op=op, timeout=self._timeout)
-            output.copy_(tmp[r * k:(r + 1) * k].view_as(output))
+            staging.host(output).copy_(tmp[r * k:(r + 1) * k].view_as(output))
 
-        return self._submit("reduce_scatter_tensor", [output], fn, uniform=True)
+        return self._submit("reduce_scatter_tensor", [output], fn, uniform=True, staging=staging)
 
     _reduce_scatter_base = reduce_scatter_single
 

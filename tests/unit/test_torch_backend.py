@@ -22,7 +22,7 @@ def group():
 
 def test_backend_registered_and_env_defaults():
     assert "ftcomm" in dist.Backend.backend_list
-    assert dist.Backend.backend_capability["ftcomm"] == ["cpu"]
+    assert dist.Backend.backend_capability["ftcomm"] == ["cpu", "cuda"]
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         assert os.environ.get(key), key
     assert 0 < int(os.environ["MASTER_PORT"]) < 65536
@@ -52,6 +52,11 @@ def test_size_one_collectives(group):
     dist.broadcast(b, src=0)
     assert b.tolist() == [True, False]
     dist.barrier()
+
+
+def test_tensor_on_an_unsupported_device_names_it(group):
+    with pytest.raises(NotImplementedError, match="on meta tensors"):
+        dist.all_reduce(torch.ones(2, device="meta"))
 
 
 @pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])

@@ -1,0 +1,136 @@
+"""CUDA tensors in the backend's collectives: stream order, and staging through host memory.
+
+The PyPI Open MPI cannot take device pointers, so a collective on CUDA tensors runs on host
+copies of them (docs/GPU.md). Three rules make that behave as torch's own backends do:
+
+1. Order. The calling thread records a CUDA event on each device's current stream when the
+   collective is issued (``Staging.__init__``); the communication thread waits for those events
+   before it reads the tensors. So the collective sees what the kernels queued before it wrote,
+   and the calling thread does not block.
+2. Commit. The collective runs on the host copies; the results are copied back into the tensors
+   only when it succeeded (``copy_back``). A collective that failed, or a step voided by a
+   failure, leaves every survivor's device tensors bitwise as they were.
+3. Completion. The copy back is synchronised before the Work's future completes, and the future
+   is made with the tensors' devices (``devices``), so ``Work.wait()`` makes the caller's current
+   stream wait for it as ``torch.futures.Future`` does for CUDA values, without blocking the host
+   longer than the collective itself.
+
+The device operations go through ``ops`` (``CudaOps`` by default), so the same logic runs on
+machines without a GPU with host tensors standing in for device ones (``use_ops_for_tests``,
+tests/gpu/fake_torch_device.py).
+"""
+from __future__ import annotations
+
+import torch
+
+
+class CudaOps:
+    """The device operations staging needs, on CUDA."""
+
+    def is_device(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cuda"
+
+    def ready_marker(self, tensors: list) -> list:
+        """Events recorded now on the current stream of each device of ``tensors`` (calling
+        thread)."""
+        events = []
+        for device in self.devices(tensors):
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        return events
+
+    def wait(self, marker: list) -> None:
+        """Blocks until the work queued before ``marker`` is done (communication thread)."""
+        for event in marker:
+            event.synchronize()
+
+    def to_host(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
+        """A pinned host tensor like ``t``, holding ``t``'s values when ``copy`` (synchronous)."""
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        if copy:
+            host.copy_(t)
+        return host
+
+    def copy_back(self, pairs: list) -> None:
+        """Copies each (host, device tensor) pair into the device tensor and waits for the copies."""
+        streams = set()
+        for host, t in pairs:
+            with torch.cuda.device(t.device):
+                t.copy_(host, non_blocking=True)
+                streams.add(torch.cuda.current_stream(t.device))
+        for stream in streams:
+            stream.synchronize()
+
+    def devices(self, tensors: list) -> list:
+        """The distinct CUDA devices of ``tensors``, in first-seen order."""
+        seen = []
+        for t in tensors:
+            if self.is_device(t) and t.device not in seen:
+                seen.append(t.device)
+        return seen
+
+    def future_devices(self, tensors: list) -> list:
+        """Devices for ``torch.futures.Future(devices=...)``."""
+        return self.devices(tensors)
+
+
+ops = CudaOps()
+
+
+def use_ops_for_tests(replacement) -> CudaOps:
+    """Test hook: replaces the device operations (a stand-in that treats some host tensors as
+    device tensors). Returns the previous ones."""
+    global ops
+    previous, ops = ops, replacement
+    return previous
+
+
+def is_device(t: torch.Tensor) -> bool:
+    return ops.is_device(t)
+
+
+class Staging:
+    """The host side of one collective: what it reads and writes, in host memory.
+
+    Args:
+        inputs: tensors the collective reads (not written).
+        outputs: tensors it writes whole (their values before it are not needed).
+        inout: tensors it reads and writes in place (allreduce, broadcast).
+
+    ``host(t)`` is the tensor the collective works on: ``t`` itself for a host tensor, a host copy
+    for a device tensor. Made on the calling thread (it records the ready marker there).
+    """
+
+    def __init__(self, inputs=(), outputs=(), inout=()):
+        self._inputs, self._outputs, self._inout = list(inputs), list(outputs), list(inout)
+        every = self._inputs + self._outputs + self._inout
+        self.on_device = any(ops.is_device(t) for t in every)
+        self._marker = ops.ready_marker(every) if self.on_device else None
+        self._host: dict[int, torch.Tensor] = {}
+        self._devices = ops.future_devices(every) if self.on_device else []
+
+    @property
+    def devices(self) -> list:
+        """The devices for the Work's future (empty for host tensors)."""
+        return self._devices
+
+    def stage_in(self) -> None:
+        """Waits for the ready marker, then makes the host copies (communication thread)."""
+        if not self.on_device:
+            return
+        ops.wait(self._marker)
+        for t in self._inputs + self._inout:
+            if ops.is_device(t):
+                self._host[id(t)] = ops.to_host(t, copy=True)
+        for t in self._outputs:
+            if ops.is_device(t) and id(t) not in self._host:
+                self._host[id(t)] = ops.to_host(t, copy=False)
+
+    def host(self, t: torch.Tensor) -> torch.Tensor:
+        return self._host.get(id(t), t)
+
+    def copy_back(self) -> None:
+        """After the collective succeeded: the results into the device tensors, synchronised."""
+        if self.on_device:
+            ops.copy_back([(self._host[id(t)], t) for t in self._outputs + self._inout if ops.is_device(t)])

@@ -1,0 +1,64 @@
+"""A stand-in for CUDA under the torch backend's staging (ftcomm/torch/device.py), so that its
+logic runs on machines without a GPU: host tensors marked with ``mark`` count as device tensors,
+and a stream is modelled by the work queued on it. ``launch(fn, delay)`` is a kernel: it runs
+``fn`` on a thread after ``delay`` seconds, as a kernel runs on the GPU after the host queued it;
+``ready_marker`` captures the kernels queued so far, ``wait`` waits for them. Every call is
+logged in ``events`` so that tests can check the order (wait before copy-in, copy-back only
+after success)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+
+class FakeTorchDevice:
+    def __init__(self):
+        self._marked: dict[int, torch.Tensor] = {}
+        self._kernels: list[threading.Thread] = []
+        self.events: list[str] = []
+        self._lock = threading.Lock()
+
+    def mark(self, t: torch.Tensor) -> torch.Tensor:
+        self._marked[id(t)] = t  # kept alive: ids stay unique while marked
+        return t
+
+    def launch(self, fn, delay: float) -> None:
+        def kernel():
+            time.sleep(delay)
+            fn()
+            self._log("kernel done")
+
+        thread = threading.Thread(target=kernel, daemon=True)
+        thread.start()
+        self._kernels.append(thread)
+
+    def _log(self, what: str) -> None:
+        with self._lock:
+            self.events.append(what)
+
+    # -- the operations ftcomm.torch.device calls ------------------------------------------
+    def is_device(self, t: torch.Tensor) -> bool:
+        return id(t) in self._marked
+
+    def ready_marker(self, tensors: list) -> list:
+        self._log("marker")
+        return list(self._kernels)
+
+    def wait(self, marker: list) -> None:
+        for kernel in marker:
+            kernel.join()
+        self._log("wait")
+
+    def to_host(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
+        self._log("to_host")
+        return t.detach().clone() if copy else torch.empty_like(t)
+
+    def copy_back(self, pairs: list) -> None:
+        self._log("copy_back")
+        for host, t in pairs:
+            t.copy_(host)
+
+    def future_devices(self, tensors: list) -> list:
+        return []  # host tensors: a plain future
