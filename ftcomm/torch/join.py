@@ -127,11 +127,26 @@ def _module(model):
 
 
 def _pack(model, optimizer, extra_state, loader_state) -> bytes:
+    """The payload, every tensor in host memory: the newcomer's ``load_state_dict`` copies them
+    onto its own devices (which need not be the survivor's device indices)."""
     buf = io.BytesIO()
-    torch.save({"model": _module(model).state_dict(), "optimizer": _optimizer_state(optimizer),
-                "kinds": _kinds(optimizer, extra_state), "extra": [obj.state_dict() for obj in extra_state],
-                "rng": torch.get_rng_state(), "loader": loader_state}, buf)
+    torch.save(_on_host({"model": _module(model).state_dict(), "optimizer": _optimizer_state(optimizer),
+                         "kinds": _kinds(optimizer, extra_state), "extra": [obj.state_dict() for obj in extra_state],
+                         "rng": torch.get_rng_state(), "loader": loader_state}), buf)
     return buf.getvalue()
+
+
+def _on_host(value):
+    """``value`` (nested dicts, lists and tuples) with every tensor copied to host memory."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_on_host(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(v) for v in value)
+    return value
 
 
 def _optimizer_state(optimizer):
@@ -151,7 +166,7 @@ def _kinds(optimizer, extra_state) -> list:
 
 def _unpack(payload: bytes, model, optimizer, extra_state) -> dict:
     # weights_only=False: the payload comes from this job's own survivors, not from a file.
-    blob = torch.load(io.BytesIO(payload), weights_only=False)
+    blob = torch.load(io.BytesIO(payload), weights_only=False, map_location="cpu")
     if blob["kinds"] != _kinds(optimizer, extra_state):
         # load_state_dict checks only the number and sizes of parameter groups: an SGD state
         # would load into AdamW and fail at its first step.

@@ -11,6 +11,15 @@
         CUDA tensor, in the same job, every rank on the one GPU. 1, 16 and 64 MiB float32; the
         median of 7 timed calls after 2 warm-ups, each call bracketed by barriers and a device
         synchronisation. ratio = gloo time / ftcomm time (>= 1.0 is the target).
+
+    ftcomm-run -n N python bench_gpu.py backends OUT.json [cuda|cpu]
+        The torch backends on the same tensors, in the same job: dist.all_reduce over "ftcomm",
+        "gloo" and "nccl" (NCCL only with one GPU per rank: it refuses two ranks on one device),
+        float32 sum from 1 MiB to 1 GiB (algbw = bytes / time, busbw = algbw x 2(N-1)/N; the
+        median of 5 timed calls after 2 warm-ups, the slowest rank's time), and the step time of
+        DDP with AdamW on an MLP of about 19M parameters over each backend (median of 10 steps
+        after 3). ``cpu``: the same on CPU tensors with sizes up to 4 MiB and a 2.7M model (the
+        check's dry run).
 """
 import json
 import os
@@ -108,5 +117,89 @@ def allreduce(out_path):
                        "cuda_aware_mpi": ftcomm.cuda.cuda_aware_mpi()}, f, indent=1)
 
 
+def _slowest_median(fn, sync, warmup: int, timed: int) -> float:
+    """Median over ``timed`` calls (after ``warmup``) of the slowest rank's time of ``fn()``."""
+    import torch
+    import torch.distributed as dist
+
+    times = []
+    for i in range(warmup + timed):
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        if i >= warmup:
+            times.append(float(dt))
+    return statistics.median(times)
+
+
+def backends(out_path, device="cuda"):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ftcomm.torch  # noqa: F401  (registers "ftcomm")
+
+    on_gpu = device == "cuda"
+    dist.init_process_group("ftcomm")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if on_gpu:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    groups = {"ftcomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    skipped = {}
+    if not on_gpu:
+        skipped["nccl"] = "no GPU (dry run)"
+    elif torch.cuda.device_count() < size:
+        skipped["nccl"] = (f"{size} ranks share {torch.cuda.device_count()} GPU(s): NCCL refuses two ranks on "
+                           "one device ('Duplicate GPU detected')")
+    else:
+        groups["nccl"] = dist.new_group(backend="nccl")
+    rows = []
+    for mib in ((1, 4, 16, 64, 256, 1024) if on_gpu else (1, 4)):
+        n = mib * (1 << 20) // 4
+        t = torch.full((n,), float(rank + 1), device=device)
+        row = {"ranks": size, "mib": mib}
+        for name, group in groups.items():
+            seconds = _slowest_median(lambda: dist.all_reduce(t, group=group), sync, 2, 5)
+            algbw = mib * (1 << 20) / seconds / 1e9
+            row[name] = {"s": seconds, "algbw_gb_s": algbw, "busbw_gb_s": algbw * 2 * (size - 1) / size}
+            t.fill_(float(rank + 1))
+        dist.all_reduce(t)
+        row["values_ok"] = bool(torch.all(t == size * (size + 1) / 2))
+        rows.append(row)
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+    width = 3400 if on_gpu else 900  # Linear(1024,w)-ReLU-Linear(w,w)-ReLU-Linear(w,1024): 18.5M / 2.7M weights
+    ddp_rows = {}
+    for name, group in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                    torch.nn.ReLU(), torch.nn.Linear(width, 1024)).to(device)
+        ddp = DDP(model, process_group=group)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+        x = torch.randn(32, 1024, device=device)
+
+        def step():
+            opt.zero_grad()
+            ddp(x).square().mean().backward()
+            opt.step()
+
+        ddp_rows[name] = {"step_s": _slowest_median(step, sync, 3, 10),
+                          "params": sum(p.numel() for p in model.parameters())}
+    if rank == 0:
+        result = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "allreduce": rows, "ddp": ddp_rows,
+                  "skipped": skipped,
+                  "ftcomm_over_gloo_busbw": [r["ftcomm"]["busbw_gb_s"] / r["gloo"]["busbw_gb_s"] for r in rows],
+                  "ddp_step_ratio_gloo_over_ftcomm": ddp_rows["gloo"]["step_s"] / ddp_rows["ftcomm"]["step_s"]}
+        print(json.dumps({"ddp": ddp_rows, "skipped": skipped}), flush=True)
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"kernel": kernel, "allreduce": allreduce}[sys.argv[1]](sys.argv[2])
+    {"kernel": kernel, "allreduce": allreduce, "backends": backends}[sys.argv[1]](*sys.argv[2:])

@@ -120,3 +120,15 @@ def test_recovery_policy(monkeypatch, spares, env, expected):
     else:
         monkeypatch.setenv("FTCOMM_RECOVERY_POLICY", env)
     assert ft.recovery_policy() == expected
+
+
+def test_payload_keeps_the_structure_with_tensors_in_host_memory():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    w = torch.ones(3, requires_grad=True)
+    value = {"x": [w, (1, Pair(torch.zeros(2), "s"))], "n": 4}
+    out = join._on_host(value)
+    assert out["n"] == 4 and isinstance(out["x"][1], tuple) and isinstance(out["x"][1][1], Pair)
+    assert not out["x"][0].requires_grad and out["x"][0].device.type == "cpu"
+    assert torch.equal(out["x"][0], w.detach()) and out["x"][1][1].b == "s"

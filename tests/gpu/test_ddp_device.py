@@ -1,0 +1,41 @@
+"""DDP over the ftcomm backend with the model on a GPU (4 ranks sharing it), a rank killed in a
+gradient allreduce: the survivors recover with bitwise equal state; with a spare, the newcomer
+receives the state and the job ends at 4 ranks. Skipped without torch CUDA; scripts/gpu_check.sh
+runs them on a GPU, and its --cpu-dry-run runs them on CPU (GPU_CHECK_DEVICE=cpu)."""
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gpu_env import JOB_ENV, JOBS, torch_cuda  # noqa: E402
+from harness import run_job  # noqa: E402
+
+DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")
+pytestmark = [pytest.mark.fault,
+              pytest.mark.skipif(DEVICE == "cuda" and not torch_cuda(), reason="needs torch with a CUDA device")]
+KILL = {"FTCOMM_FAULT": "rank=2,point=reduce_scatter,step=10,kind=kill"}
+
+
+def finals(job, ranks):
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="final")
+    assert sorted(reports) == ranks, job.describe()
+    assert len({(r["params"], r["optimizer"]) for r in reports.values()}) == 1, reports
+    for rep in reports.values():
+        assert rep["device"] == DEVICE and rep["redone"] == 1, rep
+    return reports
+
+
+def test_kill_recovers_with_identical_state_on_the_survivors():
+    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, env={**JOB_ENV, **KILL}, timeout=240)
+    for rep in finals(job, [0, 1, 3]).values():
+        assert rep["world_size"] == 3, rep
+
+
+def test_spare_takes_the_place_of_the_killed_rank():
+    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, env={**JOB_ENV, **KILL}, timeout=240,
+                  launcher_args=("--spares", "1"))
+    reports = finals(job, [0, 1, 3, 4])
+    assert all(rep["world_size"] == 4 for rep in reports.values()), reports
+    assert reports[4]["joined"], reports[4]

@@ -1,0 +1,25 @@
+"""scripts/gpu_check.sh --cpu-dry-run: the GPU check's phases on CPU, so that the script itself is
+tested where no GPU is (its own phases are tested files of tests/gpu and a benchmark job)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_runs_every_phase_and_writes_the_summary(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-dry-run"], env=env,
+                          capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert proc.returncode == 0 and summary["all_ok"], proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert summary["dry_run"] is True
+    assert set(summary["phases"]) == {"import", "test_kernels", "test_allreduce_gpu", "test_staging_host",
+                                      "test_torch_staging", "test_ddp_device", "bench_backends_n4"}
+    bench = summary["backends"]
+    assert bench["device"] == "cpu" and [r["mib"] for r in bench["allreduce"]] == [1, 4]
+    assert all(r["values_ok"] and r["ftcomm"]["busbw_gb_s"] > 0 and r["gloo"]["busbw_gb_s"] > 0
+               for r in bench["allreduce"]), bench
+    assert set(bench["ddp"]) == {"ftcomm", "gloo"} and "nccl" in bench["skipped"], bench
