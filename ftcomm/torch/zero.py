@@ -39,6 +39,7 @@ from ..core.outcome import retrying
 from ..training import ShardedOptimizer
 from ..training.stepper import probe, resolve
 from .executor import EXECUTOR
+from .host_master import HostMaster
 from .process_group import ftcomm_group
 from .step_state import step_voided, void_current_step
 
@@ -46,14 +47,14 @@ _FAILURES = (ProcFailedError, RevokedError, CollectiveTimeoutError)
 
 
 def _describe_groups(groups: list[dict]) -> str:
-    """What must be equal on every rank: each group's parameter count, sizes, dtypes, devices
-    and settings."""
+    """What must be equal on every rank: each group's parameter count, sizes, dtypes, device
+    types (each rank has its own GPU index) and settings."""
     parts = []
     for g in groups:
         params = g["params"]
         settings = {k: v for k, v in sorted(g.items()) if k != "params"}
         parts.append(f"{len(params)} params of {sum(p.numel() for p in params)} elements "
-                     f"({sorted({str(p.dtype) for p in params})}, {sorted({str(p.device) for p in params})}, "
+                     f"({sorted({str(p.dtype) for p in params})}, {sorted({p.device.type for p in params})}, "
                      f"requires_grad {sorted({p.requires_grad for p in params})}, "
                      f"settings {settings})")
     return f"{len(groups)} param group(s): " + "; ".join(parts)
@@ -65,7 +66,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     Args:
         params: the DDP model's parameters, or param groups (dicts), as for any torch optimizer:
-            float32 CPU tensors that require grad, the same shapes and groups on every rank.
+            float32 tensors that require grad, the same shapes and groups on every rank. On CPU
+            the engine works on them in place; on a GPU it works on host master copies and the
+            device parameters receive each committed step (``host_master.py``: the update runs
+            on the CPU, as in ZeRO-Offload).
         optimizer_class: a ``torch.optim.Optimizer`` class whose update is elementwise (SGD,
             Adam, AdamW, Adagrad, RMSprop, NAdam, RAdam, Adamax, ASGD, Rprop, Adadelta).
         process_group: the ftcomm process group DDP uses (default: the default group).
@@ -84,7 +88,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         ValueError: on every rank: an optimizer class that cannot be sharded elementwise (LBFGS,
             SparseAdam, Adafactor), param groups that differ between ranks (naming the world
             ranks and both descriptions), parameters that are not float32 CPU tensors requiring
-            grad, or ``overlap_with_ddp=True``.
+            grad (CPU or CUDA), or ``overlap_with_ddp=True``.
         TypeError: the process group is not an ftcomm one.
 
     With spare ranks (``ftcomm-run --spares S``) a promoted spare builds this optimizer holding
@@ -101,6 +105,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         cls, self._kwargs = resolve(optimizer_class, defaults)
         self.optimizer_class = cls
         self._engine = None  # built once torch's constructor has made the param groups
+        self._master: HostMaster | None = None
         self._consolidated = None
         self._replicas = replicas
         self.last_rebuild: dict | None = None
@@ -114,9 +119,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         comm = self._pg.comm
         if not newcomer:
             comm.require_same("param groups", _describe_groups(self.param_groups), timeout=self._pg.timeout)
-        return ShardedOptimizer([dict(g) for g in self.param_groups], comm, self.optimizer_class,
-                                replicas=self._replicas, timeout=self._pg.timeout, newcomer=newcomer,
-                                **self._kwargs)
+        self._master = HostMaster(self.param_groups)
+        engine = ShardedOptimizer(self._master.groups, comm, self.optimizer_class, replicas=self._replicas,
+                                  timeout=self._pg.timeout, newcomer=newcomer, **self._kwargs)
+        if not newcomer:
+            self._master.params_to_device()  # rank 0's parameters, as the engine broadcast them
+        return engine
 
     @property
     def sharded(self) -> ShardedOptimizer:
@@ -171,10 +179,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self._engine.comm is not self._pg.comm:  # the group recovered outside a resilient loop
             self._follow_group()
         self._engine.stepper.set_hyper(self.param_groups)
+        self._master.grads_to_host()
         try:
             self._engine.apply_gradients()
         except _FAILURES as exc:
             self._recover_from(exc)
+        self._master.params_to_device()  # committed, or the rebuilt last committed step
         return loss
 
     def _recover_from(self, exc) -> None:
@@ -207,6 +217,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 attempted[0] = self._pg.comm
                 if self._engine.comm is not attempted[0]:
                     self.last_rebuild = self._engine.rebuild(attempted[0])
+        self._master.params_to_device()
 
     # -- hand-over to a promoted spare (join.py) ----------------------------------------------
     def hand_over_settings(self) -> list[dict]:
@@ -225,6 +236,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         hand-over recovers and starts again)."""
         self._engine.stepper.set_hyper(self.param_groups)
         self.last_rebuild = self._engine.rebuild(comm)
+        self._master.params_to_device()
 
     # -- state dicts -------------------------------------------------------------------------
     def consolidate_state_dict(self, to: int = 0) -> None:
