@@ -1,6 +1,7 @@
 """DDP over the ftcomm backend with the model on a GPU (4 ranks sharing it), a rank killed in a
 gradient allreduce: the survivors recover with bitwise equal state; with a spare, the newcomer
-receives the state and the job ends at 4 ranks. Skipped without torch CUDA; scripts/gpu_check.sh
+receives the state (AdamW's whole, or its ZeroRedundancyOptimizer shard) and the job ends at 4
+ranks. Skipped without torch CUDA; scripts/gpu_check.sh
 runs them on a GPU, and its --cpu-dry-run runs them on CPU (GPU_CHECK_DEVICE=cpu)."""
 import os
 
@@ -33,8 +34,10 @@ def test_kill_recovers_with_identical_state_on_the_survivors():
         assert rep["world_size"] == 3, rep
 
 
-def test_spare_takes_the_place_of_the_killed_rank():
-    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, env={**JOB_ENV, **KILL}, timeout=240,
+@pytest.mark.parametrize("optimizer", ["adamw", "zero"])
+def test_spare_takes_the_place_of_the_killed_rank(optimizer):
+    extra = ("--zero",) if optimizer == "zero" else ()
+    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *extra, env={**JOB_ENV, **KILL}, timeout=240,
                   launcher_args=("--spares", "1"))
     reports = finals(job, [0, 1, 3, 4])
     assert all(rep["world_size"] == 4 for rep in reports.values()), reports

@@ -33,3 +33,16 @@ def test_kill_in_the_shard_update_leaves_device_parameters_at_the_committed_step
         assert rep["voided"] == [True] and rep["size"] == 3, rep
         assert rep["device"] == rep["engine"], rep  # the device holds the engine's committed parameters
     assert len({(r["device"], r["steps"]) for r in reports.values()}) == 1, reports
+
+
+@pytest.mark.fault
+def test_spare_receives_its_shard_and_its_device_parameters():
+    env = {**JOB_ENV, "FTCOMM_FAULT": "rank=3,point=shard_update,step=5,kind=kill"}
+    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", env=env, timeout=240, launcher_args=("--spares", "1"))
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="kill")
+    assert sorted(reports) == [0, 1, 2, 4], job.describe()
+    for rep in reports.values():
+        assert rep["size"] == 4 and rep["device"] == rep["engine"], rep
+    assert all(reports[r]["voided"] == [True] for r in (0, 1, 2)), reports
+    assert len({(r["device"], r["steps"]) for r in reports.values()}) == 1, reports

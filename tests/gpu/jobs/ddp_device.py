@@ -4,6 +4,9 @@ rank in a gradient allreduce. Under ``ftcomm-run --spares 1`` a spare takes its 
 receives the model and optimizer state through the hand-over (state dicts move through host
 memory; the newcomer's tensors land on its own device).
 
+``--zero``: the optimizer is ``ftcomm.torch.ZeroRedundancyOptimizer`` (host masters of the device
+parameters); with a spare, the newcomer takes its shard from a buddy's replica.
+
 Reports "final" on every rank that finishes: world size, steps applied and redone, digests of the
 parameters and the optimizer state (their bytes, copied to the host), and the parameters' device.
 """
@@ -22,6 +25,7 @@ from harness import ddp_toy_data, report
 parser = argparse.ArgumentParser()
 parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
 parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--zero", action="store_true", help="ftcomm.torch.ZeroRedundancyOptimizer(AdamW)")
 args = parser.parse_args()
 
 if args.device == "cuda":
@@ -35,7 +39,10 @@ _, _, _, data = ddp_toy_data(384, 8)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
 ddp = DDP(model)
-opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+if args.zero:
+    opt = ftcomm.torch.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-2)
+else:
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 loader = ftcomm.torch.resilient(data, model=ddp, optimizer=opt)
 
 
@@ -52,7 +59,11 @@ for epoch in loader.epochs(args.epochs):
         nn.functional.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
         opt.step()
 
-moments = [s[k] for s in opt.state.values() for k in sorted(s)]
+if args.zero:  # the sharded state, gathered (collective)
+    state = opt.full_state_dict()["state"]
+    moments = [state[i][k] for i in sorted(state) for k in ("exp_avg", "exp_avg_sq")]
+else:
+    moments = [s[k] for s in opt.state.values() for k in sorted(s)]
 report(kind="final", world_size=dist.get_world_size(), applied=loader.steps_applied, redone=loader.steps_redone,
        params=digest(model.parameters()), optimizer=digest(moments),
        device=next(model.parameters()).device.type, joined=loader.joined)
