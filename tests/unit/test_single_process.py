@@ -39,6 +39,7 @@ def test_torch_tensor_and_bfloat16(comm):
 @pytest.mark.parametrize("bad, message", [
     (np.ones((4, 4), np.float32)[:, 1], "not contiguous"),
     (np.ones(3, np.complex64), "unsupported dtype"),
+    (np.ones(3, ">f4"), "unsupported dtype"),  # byte-swapped: its sums would be garbage
     ([1.0, 2.0], "not an array or tensor"),
 ])
 def test_bad_buffers_are_rejected_with_the_reason(comm, bad, message):
