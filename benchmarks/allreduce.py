@@ -9,6 +9,11 @@ a round's time is the slowest rank's (MPI_MAX). Reported: the median round time,
 time, busbw = algbw x 2(N-1)/N (the bytes each rank must move in a ring, so busbw is comparable
 across world sizes), and ftcomm's busbw as a ratio to MPI's and gloo's. Writes
 results/allreduce_n{N}.json and .png.
+
+The latency floor: a 4-byte allreduce, ftcomm against MPI_Allreduce (``--latency-reps`` calls
+each, the median per rank, then the slowest rank's), and where ftcomm's time goes: the core's
+validation round, ring and agreement (``Communicator.last_phases``) and the rest, outside the core
+(Python, the binding, releasing the GIL). Writes results/allreduce_latency_n{N}.json.
 """
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="rounds per implementation and size")
     p.add_argument("--chunk-bytes", type=parse_size, default=None, help="ftcomm ring chunk size")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
+    p.add_argument("--latency-reps", type=int, default=300, help="calls per implementation for the 4-byte latency")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
     args = p.parse_args()
 
@@ -115,12 +121,43 @@ def main():
         if comm.rank == 0:
             print_row(row, header=len(rows) == 1)
 
+    floor = latency_floor(comm, mpi_comm, MPI, args.latency_reps)
     if comm.rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"allreduce_n{n}.json").write_text(json.dumps(rows, indent=1))
+        (out / f"allreduce_latency_n{n}.json").write_text(json.dumps(floor, indent=1))
+        print("4-byte allreduce: " + ", ".join(f"{k} {v:.1f}" for k, v in floor.items() if k.endswith("_us")))
         plot(rows, out / f"allreduce_n{n}.png")
         print(f"wrote {out}/allreduce_n{n}.json and .png")
+
+
+def latency_floor(comm, mpi_comm, MPI, reps: int) -> dict:
+    """Microseconds of a 4-byte float32 sum (see the module docstring): the medians of the rank
+    whose ftcomm median is the largest, and that of MPI's slowest rank."""
+    buf = np.zeros(1, np.float32)
+    samples = {"ftcomm_us": [], "mpi_us": [], "validate_us": [], "ring_us": [], "agree_us": [],
+               "outside_core_us": []}
+    for rep in range(reps + 20):  # the first 20: warm-up
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.allreduce(buf)
+        ftcomm_s = time.perf_counter() - t0
+        comm.barrier()
+        t0 = time.perf_counter()
+        mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        mpi_s = time.perf_counter() - t0
+        if rep >= 20:
+            phases = comm.last_phases
+            for key, seconds in (("ftcomm_us", ftcomm_s), ("mpi_us", mpi_s), ("validate_us", phases["validate_s"]),
+                                 ("ring_us", phases["ring_s"]), ("agree_us", phases["agree_s"]),
+                                 ("outside_core_us", ftcomm_s - sum(phases.values()))):
+                samples[key].append(seconds * 1e6)
+    mine = {k: statistics.median(v) for k, v in samples.items()}
+    every = mpi_comm.allgather(mine)
+    out = dict(max(every, key=lambda m: m["ftcomm_us"]), mpi_us=max(m["mpi_us"] for m in every))
+    out["world_size"] = comm.size
+    return out
 
 
 def print_row(row, header):

@@ -286,10 +286,11 @@ PYBIND11_MODULE(_C, m) {
                s = ftcomm::AllreduceStep(*c.core, rings, opt, &result);
              }
              ThrowIfError(s);
-             return result.replayed;
+             return py::make_tuple(result.replayed, result.validate_s, result.ring_s, result.agree_s);
            },
            py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
-           py::arg("chunk_bytes"), py::arg("problem"));
+           py::arg("chunk_bytes"), py::arg("problem"),
+           "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).");
 
   m.def("exchange",
         [](PyCommunicator& c, const std::vector<std::tuple<int, uintptr_t, size_t>>& sends,

@@ -337,13 +337,15 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   bool saw_failure = false;
   // What is left of the step's deadline, and a little more: after a failure every rank leaves
   // the ring at once (the communicator is revoked), so the agreement waits only for stragglers.
-  const double agree_s = std::max(deadline.seconds_left(), 0.0) + kAgreeGraceSeconds;
-  Status agreed = comm.Agree(&flag, agree_s, &saw_failure);
+  const double agree_timeout_s = std::max(deadline.seconds_left(), 0.0) + kAgreeGraceSeconds;
+  Status agreed = comm.Agree(&flag, agree_timeout_s, &saw_failure);
+  result->validate_s = validate_s;
+  result->ring_s = ring_s;
+  result->agree_s = SecondsSince(t_start) - validate_s - ring_s;
   if (ProfileEnabled()) {
-    const double total_s = SecondsSince(t_start);
     std::fprintf(stderr, "ftcomm-profile rank %d step %lld: validate %.1f us, ring %.1f us, agree %.1f us\n",
                  comm.rank(), static_cast<long long>(opt.step), validate_s * 1e6, ring_s * 1e6,
-                 (total_s - validate_s - ring_s) * 1e6);
+                 result->agree_s * 1e6);
   }
   if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
     comm.set_last_committed_step(opt.step);

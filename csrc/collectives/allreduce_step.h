@@ -47,6 +47,9 @@ struct AllreduceStepOptions {
 
 struct AllreduceStepResult {
   bool replayed = false;  // the step had already committed: nothing was done
+  // Seconds of each phase of this call (0 for a replay or an invalid input): the validation
+  // round, the rings, the agreement (an abort's undo and shrink come after it, not counted).
+  double validate_s = 0, ring_s = 0, agree_s = 0;
 };
 
 // Element-wise min and max of `values` over all ranks (one dissemination round of small

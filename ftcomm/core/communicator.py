@@ -66,6 +66,9 @@ class Communicator:
         self.promoted = False  # True on a spare or respawned process that joined by recover()
         self.recovery: RecoveryEvent | None = None  # what recover() did
         self._mpi_comm = None
+        # Seconds of each phase of the last host allreduce that ran (validate_s, ring_s, agree_s):
+        # for benchmarks that show where a small allreduce's time goes.
+        self.last_phases: dict = {}
 
     # -- identity ------------------------------------------------------------------------
     @property
@@ -323,7 +326,8 @@ class Communicator:
             if bufs.device is not None:  # device buffers, staged through pinned host memory
                 cuda.staged_allreduce(self._core, bufs, *args)
             else:
-                self._core.allreduce(bufs.triples, *args)
+                _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args)
+                self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
             raise self._with_offender_detail(error, bufs.detail, timeout) from None
         return int(step)

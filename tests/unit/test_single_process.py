@@ -27,6 +27,8 @@ def test_allreduce_of_one_rank_is_identity_and_avg_divides_by_one(comm):
     buf = np.array([1.5, -2.0, 3.0], np.float32)
     comm.allreduce(buf, op="avg")
     np.testing.assert_array_equal(buf, [1.5, -2.0, 3.0])
+    phases = comm.last_phases  # where the call's time went, in seconds
+    assert set(phases) == {"validate_s", "ring_s", "agree_s"} and all(0 <= v < 5 for v in phases.values())
 
 
 def test_torch_tensor_and_bfloat16(comm):
