@@ -2,8 +2,15 @@
 
 A collective is queued on ftcomm's communication thread (see ``executor.py``); its Work wraps a
 ``torch.futures.Future`` that the thread completes. ``wait()`` blocks on that future and raises
-the collective's error, if any; ``get_future()`` gives the future itself, whose value is the list
-of output tensors (what DDP and communication hooks expect).
+the collective's error, if any; ``get_future()`` gives a future whose value is the list of output
+tensors (what DDP and communication hooks expect).
+
+Two futures, because of how torch's Python ``Future.set_exception`` works: it stores the exception
+as the future's *value* and raises it only in Python's ``wait()``. C++ readers such as DDP's
+reducer see a completed future holding an exception object instead of tensors (and crashed on
+it). So ``get_future()`` returns ``source.then(value)``: a callback that raises marks the derived
+future with a real error, which DDP's C++ ``wait()`` turns into a RuntimeError carrying the
+message; ``wait()`` itself waits on the source and raises the ftcomm exception with its type.
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ class FtWork(dist._Work):
 
     def __init__(self, future: torch.futures.Future, op_name: str):
         super().__init__()
-        self._future = future
+        self._source = future
+        self._future = future.then(_value)  # an error here is one that C++ readers see
         self._op_name = op_name
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
@@ -47,44 +55,45 @@ class FtWork(dist._Work):
             ftcomm.FtError: the collective failed (for example ``ProcFailedError`` outside a
                 resilient step, see ``ftcomm.torch.resilient``).
         """
-        self._future.wait()
+        self._source.wait()  # raises the ftcomm error with its type
+        self._future.wait()  # the derived future completes just after the source
         return True
 
     def get_future(self) -> torch.futures.Future:
-        """The future of this collective; its value is the list of output tensors."""
+        """The future of this collective; its value is the list of output tensors. If the
+        collective failed, waiting on it raises (a RuntimeError with the error's message: the
+        original exception type does not survive torch's C++ futures; ``wait()`` keeps it)."""
         return self._future
 
     def is_completed(self) -> bool:
         """True once the collective finished (successfully or not)."""
-        return self._future.done()
+        return self._source.done()
 
     def is_success(self) -> bool:
         """True once the collective finished without error."""
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-        except Exception:  # noqa: BLE001 - any error means "not a success"
-            return False
-        return True
+        return self._source.done() and self.exception() is None
 
     def exception(self):
         """The collective's error, or None (also None while it is still running)."""
-        if not self._future.done():
+        if not self._source.done():
             return None
         try:
-            self._future.value()
+            self._source.value()
         except Exception as exc:  # noqa: BLE001
             return exc
         return None
 
     def result(self) -> list:
         """The output tensors (waits first). Raises the collective's error, if any."""
-        return self._future.wait()
+        return self._source.wait()
 
     def __repr__(self) -> str:
-        state = "done" if self._future.done() else "pending"
+        state = "done" if self._source.done() else "pending"
         return f"<ftcomm.torch.FtWork {self._op_name} {state}>"
+
+
+def _value(future: torch.futures.Future):
+    return future.value()  # raises the collective's error: the derived future holds it as one
 
 
 def completed_work(tensors, op_name: str) -> FtWork:

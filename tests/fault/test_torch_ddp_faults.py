@@ -117,3 +117,18 @@ def test_example_ddp_train_with_kill_reaches_target(tmp_path):
     assert [e["lost_world_ranks"] for e in result["recoveries"]] == [[1]]
     assert result["accuracy"] >= 0.95, result
     assert "test accuracy:" in job.stdout
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_ddp_outside_resilient_raises_and_trains_on():
+    job = run_job(JOBS / "torch_ddp_outside.py", 4,
+                  env={"FTCOMM_FAULT": "rank=2,point=reduce_scatter,step=2,kind=kill"}, timeout=120)
+    assert job.returncode == 0, job.describe()  # no rank crashed: the error reached DDP as one
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    for rep in finals.values():
+        assert rep["errors"] == [{"step": 2, "names_it": True, "size_after": 3}], rep
+        # the mean of world ranks 0..3, then of 0, 1, 3; the iteration right after the failure
+        # still divides by 4 (DDP's reducer keeps the divide factor of a backward that raised)
+        assert rep["grads"][:2] == [2.5, 2.5] and abs(rep["grads"][-1] - (1 + 2 + 4) / 3) < 1e-6, rep
