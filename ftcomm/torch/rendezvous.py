@@ -20,6 +20,7 @@ it, so losing the rank that hosts it (world rank 0) after start-up does not matt
 from __future__ import annotations
 
 import os
+import random
 import socket
 
 from ..membership.world import world
@@ -30,9 +31,37 @@ _private_store: list = []  # a promoted spare's own TCP store (kept alive with t
 _KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port that is free on this machine now (the OS picks it)."""
+def _ephemeral_start() -> int:
+    """First port of the range the OS hands to outgoing connections (Linux: 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port that is free on this machine now, below the ephemeral range when one is: the
+    port is released here and bound again by torch's TCP store a second or two later, and in
+    between any outgoing connection on the machine (another job's, say) may be given an
+    ephemeral port, while none takes one below the range. Random, so that jobs started together
+    pick different ones."""
+    start = _ephemeral_start()
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.randrange(max(1024, start - 12000), start)
+        if _bindable(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all taken: let the OS pick
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -309,7 +309,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 entry = state_dict["state"].get(key, {})
                 for name in slots:
                     if name in entry:
-                        slots[name][offset:offset + p.numel()] = entry[name].detach().reshape(-1).float().numpy()
+                        slots[name][offset:offset + p.numel()] = entry[name].detach().reshape(-1).float().cpu().numpy()
                 seen.append({k: float(entry[k]) for k in self._engine.stepper.probe.scalars if k in entry} or None)
                 offset += p.numel()
             if any(s != seen[0] for s in seen):

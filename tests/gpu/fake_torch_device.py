@@ -53,7 +53,10 @@ class FakeTorchDevice:
 
     def to_host(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
         self._log("to_host")
-        return t.detach().clone() if copy else torch.empty_like(t)
+        host = torch.empty(t.shape, dtype=t.dtype)  # contiguous, as CudaOps's pinned copies
+        if copy:
+            host.copy_(t)
+        return host
 
     def copy_back(self, pairs: list) -> None:
         self._log("copy_back")

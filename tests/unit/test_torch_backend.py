@@ -28,6 +28,14 @@ def test_backend_registered_and_env_defaults():
     assert 0 < int(os.environ["MASTER_PORT"]) < 65536
 
 
+def test_rendezvous_port_is_free_and_below_the_ephemeral_range():
+    from ftcomm.torch import rendezvous
+
+    ports = {rendezvous.free_port("127.0.0.1") for _ in range(5)}
+    assert all(1024 <= p < rendezvous._ephemeral_start() and rendezvous._bindable("127.0.0.1", p) for p in ports)
+    assert len(ports) > 1  # random: jobs started together pick different ones
+
+
 def test_group_identity(group):
     assert isinstance(group, ft.ProcessGroupFtcomm)
     assert dist.get_backend() == "ftcomm"
