@@ -75,8 +75,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         process_group: the ftcomm process group DDP uses (default: the default group).
         replicas: k, buddies holding a copy of each shard (default 1; capped at world size - 1).
             Memory per rank: the parameters and gradients, one flat float32 copy of each
-            (4 x numel bytes), plus (1 + 1 + 2k) x (state slots + 1) x 4 x numel / world size
-            bytes for the live and staging shards and the committed and pending replicas.
+            (4 x numel bytes), plus (1 + 1 + 2k) x (state slots + 1) x 4 x numel / (world size
+            - 1) bytes for the live and staging shards and the committed and pending replicas
+            (allocated with room for one shrink, ``ftcomm/training/storage.py``).
         parameters_as_bucket_view, overlap_with_ddp: torch's; the parameters always live in one
             flat buffer here, and overlap with DDP is refused.
         **defaults: the optimizer class's arguments (lr, betas, weight_decay, momentum, ...).
