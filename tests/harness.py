@@ -76,16 +76,21 @@ class JobResult:
         return f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
 
 
+def job_environment(env: dict | None = None) -> dict:
+    """This process's environment plus ``env``, without torch's rendezvous variables: set in this
+    (pytest) process by a one-process test that imported ftcomm.torch, they must not leak into a
+    multi-rank job (every rank would take RANK 0 and the same MASTER_PORT): each job agrees on
+    its own."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _TORCH_RENDEZVOUS_ENV}
+    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    return full_env
+
+
 def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120.0,
             launcher_args=()) -> JobResult:
     """Runs ``ftcomm-run -n N python script args...`` with a hard timeout (the launcher kills
     the whole job and exits 124 when it expires; the subprocess timeout is a second fence)."""
-    full_env = dict(os.environ)
-    # torch rendezvous variables set in this (pytest) process, e.g. by a one-process test that
-    # imported ftcomm.torch, must not leak into a multi-rank job: each job agrees on its own.
-    for name in _TORCH_RENDEZVOUS_ENV:
-        full_env.pop(name, None)
-    full_env.update({k: str(v) for k, v in (env or {}).items()})
+    full_env = job_environment(env)
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), full_env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(n), "--timeout", str(timeout), *launcher_args,
            sys.executable, str(script), *map(str, args)]

@@ -1,16 +1,17 @@
 """scripts/gpu_check.sh --cpu-dry-run: the GPU check's phases on CPU, so that the script itself is
 tested where no GPU is (its own phases are tested files of tests/gpu and a benchmark job)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from harness import job_environment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_dry_run_runs_every_phase_and_writes_the_summary(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    env = job_environment({"OUT": str(tmp_path), "PYTHON": sys.executable})
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-dry-run"], env=env,
                           capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
