@@ -10,6 +10,12 @@ time, busbw = algbw x 2(N-1)/N (the bytes each rank must move in a ring, so busb
 across world sizes), and ftcomm's busbw as a ratio to MPI's and gloo's. Writes
 results/allreduce_n{N}.json and .png.
 
+``--collective reduce_scatter``: ftcomm's committed ring reduce-scatter against
+MPI_Reduce_scatter_block and gloo's reduce_scatter_tensor, plus "allreduce+slice" (a committed
+allreduce of a copy, then this rank's block: what the torch backend did before it had a true
+reduce-scatter). Sizes are the input's; busbw = algbw x (N-1)/N. Writes
+results/reduce_scatter_n{N}.json and .png (no latency floor).
+
 The latency floor: a 4-byte allreduce, ftcomm against MPI_Allreduce (``--latency-reps`` calls
 each, the median per rank, then the slowest rank's), and where ftcomm's time goes: the core's
 validation round, ring and agreement (``Communicator.last_phases``) and the rest, outside the core
@@ -67,6 +73,7 @@ def main():
     p.add_argument("--chunk-bytes", type=parse_size, default=None, help="ftcomm ring chunk size")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
     p.add_argument("--latency-reps", type=int, default=300, help="calls per implementation for the 4-byte latency")
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
     args = p.parse_args()
 
@@ -90,17 +97,11 @@ def main():
         return mpi_comm.allreduce(elapsed, op=MPI.MAX)
 
     rows = []
+    scatter = args.collective == "reduce_scatter"
     for nbytes in sizes:
+        nbytes -= nbytes % (4 * n)  # whole float32 blocks per rank
         buf = np.zeros(nbytes // 4, np.float32)  # zeros stay zeros: no overflow over many rounds
-        impls = {
-            "ftcomm": lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes),
-            "mpi": lambda: mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-        }
-        if dist is not None:
-            import torch
-
-            tensor = torch.from_numpy(buf)
-            impls["gloo"] = lambda: dist.all_reduce(tensor)
+        impls = (scatter_impls if scatter else allreduce_impls)(comm, mpi_comm, MPI, dist, buf, args.chunk_bytes)
         reps = max(args.reps, min(50, (4 << 20) // nbytes))  # more rounds for small sizes
         times = {name: [] for name in impls}
         for name, fn in impls.items():
@@ -113,14 +114,25 @@ def main():
         for name, ts in times.items():
             t = statistics.median(ts)
             algbw = nbytes / t / 1e9
-            row[name] = {"time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n}
+            factor = (n - 1) / n if scatter else 2 * (n - 1) / n
+            row[name] = {"time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * factor}
         row["ratio_vs_mpi"] = row["ftcomm"]["busbw_GBps"] / row["mpi"]["busbw_GBps"]
         if "gloo" in row:
             row["ratio_vs_gloo"] = row["ftcomm"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
+        if "allreduce+slice" in row:
+            row["ratio_vs_allreduce_slice"] = row["ftcomm"]["busbw_GBps"] / row["allreduce+slice"]["busbw_GBps"]
         rows.append(row)
         if comm.rank == 0:
             print_row(row, header=len(rows) == 1)
 
+    if scatter:
+        if comm.rank == 0:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"reduce_scatter_n{n}.json").write_text(json.dumps(rows, indent=1))
+            plot(rows, out / f"reduce_scatter_n{n}.png", "reduce-scatter")
+            print(f"wrote {out}/reduce_scatter_n{n}.json and .png")
+        return
     floor = latency_floor(comm, mpi_comm, MPI, args.latency_reps)
     if comm.rank == 0:
         out = Path(args.out)
@@ -130,6 +142,42 @@ def main():
         print("4-byte allreduce: " + ", ".join(f"{k} {v:.1f}" for k, v in floor.items() if k.endswith("_us")))
         plot(rows, out / f"allreduce_n{n}.png")
         print(f"wrote {out}/allreduce_n{n}.json and .png")
+
+
+def allreduce_impls(comm, mpi_comm, MPI, dist, buf, chunk_bytes) -> dict:
+    impls = {
+        "ftcomm": lambda: comm.allreduce(buf, op="sum", chunk_bytes=chunk_bytes),
+        "mpi": lambda: mpi_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+    }
+    if dist is not None:
+        import torch
+
+        tensor = torch.from_numpy(buf)
+        impls["gloo"] = lambda: dist.all_reduce(tensor)
+    return impls
+
+
+def scatter_impls(comm, mpi_comm, MPI, dist, buf, chunk_bytes) -> dict:
+    n, r = comm.size, comm.rank
+    out = np.zeros(buf.size // n, np.float32)
+    copy = np.empty_like(buf)
+
+    def allreduce_slice():
+        np.copyto(copy, buf)
+        comm.allreduce(copy, op="sum", chunk_bytes=chunk_bytes)
+        np.copyto(out, copy[r * out.size:(r + 1) * out.size])
+
+    impls = {
+        "ftcomm": lambda: comm.reduce_scatter(buf, out, op="sum", chunk_bytes=chunk_bytes),
+        "mpi": lambda: mpi_comm.Reduce_scatter_block(buf, out, op=MPI.SUM),
+        "allreduce+slice": allreduce_slice,
+    }
+    if dist is not None:
+        import torch
+
+        src, dst = torch.from_numpy(buf), torch.from_numpy(out)
+        impls["gloo"] = lambda: dist.reduce_scatter_tensor(dst, src)
+    return impls
 
 
 def latency_floor(comm, mpi_comm, MPI, reps: int) -> dict:
@@ -160,17 +208,20 @@ def latency_floor(comm, mpi_comm, MPI, reps: int) -> dict:
     return out
 
 
+IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice")
+
+
 def print_row(row, header):
-    names = [k for k in ("ftcomm", "mpi", "gloo") if k in row]
+    names = [k for k in IMPLS if k in row]
     if header:
-        print(f"{'size':>10} | " + " | ".join(f"{k + ' busbw GB/s':>18}" for k in names)
+        print(f"{'size':>10} | " + " | ".join(f"{k + ' busbw GB/s':>26}" for k in names)
               + " | ftcomm/mpi | ftcomm/gloo", flush=True)
-    cells = " | ".join(f"{row[k]['busbw_GBps']:18.3f}" for k in names)
+    cells = " | ".join(f"{row[k]['busbw_GBps']:26.3f}" for k in names)
     gloo = f"{row['ratio_vs_gloo']:11.2f}" if "ratio_vs_gloo" in row else f"{'-':>11}"
     print(f"{human(row['bytes']):>10} | {cells} | {row['ratio_vs_mpi']:10.2f} | {gloo}", flush=True)
 
 
-def plot(rows, path):
+def plot(rows, path, collective="allreduce"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,13 +229,13 @@ def plot(rows, path):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     sizes = [r["bytes"] for r in rows]
-    for name in ("ftcomm", "mpi", "gloo"):
+    for name in IMPLS:
         if name in rows[0]:
             ax.plot(sizes, [r[name]["busbw_GBps"] for r in rows], marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("buffer size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(f"allreduce, {rows[0]['world_size']} ranks, float32 sum")
+    ax.set_title(f"{collective}, {rows[0]['world_size']} ranks, float32 sum")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()

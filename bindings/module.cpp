@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collectives/allreduce_step.h"
+#include "collectives/reduce_scatter_step.h"
 #include "collectives/exchange.h"
 #include "core/communicator.h"
 #include "core/liveness.h"
@@ -53,6 +54,21 @@ struct PyCommunicator {
 };
 
 using Triple = std::tuple<uintptr_t, size_t, int>;  // (address, count, dtype code)
+
+ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem) {
+  if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
+  ftcomm::StepOptions opt;
+  opt.op = static_cast<ftcomm::ReduceOp>(op);
+  opt.step = step;
+  opt.timeout_s = timeout;
+  opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
+  opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
+  return opt;
+}
+
+py::tuple StepTuple(const ftcomm::StepResult& r) {
+  return py::make_tuple(r.replayed, r.validate_s, r.ring_s, r.agree_s);
+}
 
 std::vector<ftcomm::RingBuffer> ToRingBuffers(const std::vector<Triple>& triples) {
   std::vector<ftcomm::RingBuffer> out;
@@ -115,7 +131,7 @@ void RegisterEnums(py::module_& m) {
       .value("MAX", ftcomm::ReduceOp::kMax)
       .value("PROD", ftcomm::ReduceOp::kProd);
   py::enum_<ftcomm::InputProblem>(m, "InputProblem", py::arithmetic(),
-                                  "Why a rank rejects its own input (collectives/allreduce_step.h).")
+                                  "Why a rank rejects its own input (collectives/step_protocol.h).")
       .value("NONE", ftcomm::InputProblem::kNone)
       .value("NOT_CONTIGUOUS", ftcomm::InputProblem::kNotContiguous)
       .value("READ_ONLY", ftcomm::InputProblem::kReadOnly)
@@ -123,7 +139,8 @@ void RegisterEnums(py::module_& m) {
       .value("UNSUPPORTED_OP", ftcomm::InputProblem::kUnsupportedOp)
       .value("NOT_A_BUFFER", ftcomm::InputProblem::kNotABuffer)
       .value("MIXED_DEVICES", ftcomm::InputProblem::kMixedDevices)
-      .value("STEP_NOT_AFTER_COMMITTED", ftcomm::InputProblem::kStepNotAfterCommitted);
+      .value("STEP_NOT_AFTER_COMMITTED", ftcomm::InputProblem::kStepNotAfterCommitted)
+      .value("OUTPUT_SHAPE", ftcomm::InputProblem::kOutputShape);
   py::enum_<ftcomm::fault::Kind>(m, "FaultKind", py::arithmetic(), "How an injected fault fails a rank.")
       .value("KILL", ftcomm::fault::Kind::kKill)
       .value("EXIT", ftcomm::fault::Kind::kExit)
@@ -132,6 +149,7 @@ void RegisterEnums(py::module_& m) {
   py::enum_<ftcomm::Tag>(m, "Tag", py::arithmetic(), "MPI message tags of ftcomm's protocols (core/tags.h).")
       .value("RING", ftcomm::Tag::kRing)
       .value("VALIDATE", ftcomm::Tag::kValidate)
+      .value("REDUCE_SCATTER", ftcomm::Tag::kReduceScatter)
       .value("ALLGATHER", ftcomm::Tag::kAllgather)
       .value("BROADCAST", ftcomm::Tag::kBroadcast)
       .value("SUBGROUP", ftcomm::Tag::kSubgroup)
@@ -271,26 +289,37 @@ PYBIND11_MODULE(_C, m) {
       .def("allreduce",
            [](PyCommunicator& c, const std::vector<Triple>& buffers, int op, int64_t step,
               double timeout, size_t chunk_bytes, int problem) {
-             if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
              std::vector<ftcomm::RingBuffer> rings = ToRingBuffers(buffers);
-             ftcomm::AllreduceStepOptions opt;
-             opt.op = static_cast<ftcomm::ReduceOp>(op);
-             opt.step = step;
-             opt.timeout_s = timeout;
-             opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
-             opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
-             ftcomm::AllreduceStepResult result;
+             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem);
+             ftcomm::StepResult result;
              Status s;
              {
                py::gil_scoped_release release;
                s = ftcomm::AllreduceStep(*c.core, rings, opt, &result);
              }
              ThrowIfError(s);
-             return py::make_tuple(result.replayed, result.validate_s, result.ring_s, result.agree_s);
+             return StepTuple(result);
            },
            py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
            py::arg("chunk_bytes"), py::arg("problem"),
-           "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).");
+           "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).")
+      .def("reduce_scatter",
+           [](PyCommunicator& c, const Triple& input, const Triple& output, int op, int64_t step,
+              double timeout, size_t chunk_bytes, int problem) {
+             std::vector<ftcomm::RingBuffer> in = ToRingBuffers({input}), out = ToRingBuffers({output});
+             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem);
+             ftcomm::StepResult result;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = ftcomm::ReduceScatterStep(*c.core, in[0], out[0], opt, &result);
+             }
+             ThrowIfError(s);
+             return StepTuple(result);
+           },
+           py::arg("input"), py::arg("output"), py::arg("op"), py::arg("step"), py::arg("timeout"),
+           py::arg("chunk_bytes"), py::arg("problem"),
+           "One committed ring reduce-scatter step; returns (replayed, validate_s, ring_s, agree_s).");
 
   m.def("exchange",
         [](PyCommunicator& c, const std::vector<std::tuple<int, uintptr_t, size_t>>& sends,

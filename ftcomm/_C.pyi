@@ -41,6 +41,7 @@ class InputProblem(IntEnum):
     NOT_A_BUFFER = 5
     MIXED_DEVICES = 6
     STEP_NOT_AFTER_COMMITTED = 7
+    OUTPUT_SHAPE = 8
 
 class FaultKind(IntEnum):
     KILL = 0
@@ -51,6 +52,7 @@ class FaultKind(IntEnum):
 class Tag(IntEnum):
     RING = 7001
     VALIDATE = 7002
+    REDUCE_SCATTER = 7003
     ALLGATHER = 7101
     BROADCAST = 7102
     SUBGROUP = 7200
@@ -96,6 +98,8 @@ class Communicator:
     def take_recovered(self) -> tuple[Communicator, list[int]]: ...
     def allreduce(self, buffers: Sequence[tuple[int, int, int]], op: int, step: int, timeout: float,
                   chunk_bytes: int, problem: int) -> tuple[bool, float, float, float]: ...
+    def reduce_scatter(self, input: tuple[int, int, int], output: tuple[int, int, int], op: int, step: int,
+                       timeout: float, chunk_bytes: int, problem: int) -> tuple[bool, float, float, float]: ...
 
 def exchange(comm: Communicator, sends: Sequence[tuple[int, int, int]], recvs: Sequence[tuple[int, int, int]],
              tag: int, timeout: float) -> None: ...

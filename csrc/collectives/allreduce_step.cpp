@@ -1,17 +1,8 @@
 #include "collectives/allreduce_step.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
-#include <string>
 #include <vector>
-
-#include "core/liveness.h"
-#include "core/settings.h"
-#include "core/tags.h"
-#include "fault/injection.h"
 
 namespace ftcomm {
 namespace {
@@ -42,275 +33,13 @@ Scratch& StagingScratch() {
   return s;
 }
 
-// Fields compared across ranks. Each is sent as (v, -v) under MPI_MAX, which yields the max and
-// the min in one small allreduce.
-constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
-
-enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
-             kFields };
-
-// "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
-std::string RankName(const Communicator& comm, int64_t rank) {
-  std::string out = "rank " + std::to_string(rank);
-  if (rank >= 0 && rank < comm.size()) out += " (world rank " + std::to_string(comm.world_ranks()[rank]) + ")";
-  return out;
-}
-
-const char* DTypeName(int64_t code) {
-  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int32", "int64"};
-  return code >= 0 && code < kNumDTypes ? names[code] : "none";
-}
-
-uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over (count, dtype) pairs
-  for (const RingBuffer& b : buffers) {
-    for (uint64_t v : {static_cast<uint64_t>(b.count), static_cast<uint64_t>(b.dtype)}) {
-      h ^= v;
-      h *= 1099511628211ull;
-    }
-  }
-  return h >> 2;  // keep it positive as an int64 so that its negation is representable
-}
-
-// Element-wise MAX of `n` int64 over all ranks by dissemination (Hensgen, Finkel & Manber 1988):
-// in round k each rank sends what it has to rank + 2^k and takes the max with what comes from
-// rank - 2^k; after ceil(log2 N) rounds every rank has seen every value. Overlapping windows do
-// not matter because MAX is idempotent. Point-to-point rather than MPI_Iallreduce: Open MPI's
-// non-blocking collectives advance only inside MPI_Test and cost ~200 us here at 4 ranks,
-// several times a blocking allreduce.
-Status DisseminationMax(Communicator& comm, const int64_t* in, int64_t* out, int n,
-                        const Deadline& deadline) {
-  constexpr int kTag = TagValue(Tag::kValidate);
-  std::vector<int64_t> incoming(n);
-  std::copy(in, in + n, out);
-  const int size = comm.size(), rank = comm.rank();
-  for (int dist = 1; dist < size; dist *= 2) {
-    MPI_Request reqs[2];
-    int rc = MPI_Irecv(incoming.data(), n, MPI_INT64_T, (rank - dist + size) % size, kTag,
-                       comm.handle(), &reqs[0]);
-    if (rc != MPI_SUCCESS) return comm.Classify(rc, "allreduce validation");
-    rc = MPI_Isend(out, n, MPI_INT64_T, (rank + dist) % size, kTag, comm.handle(), &reqs[1]);
-    if (rc != MPI_SUCCESS) {
-      comm.Drain(reqs, 1);
-      return comm.Classify(rc, "allreduce validation");
-    }
-    Status s = comm.Wait(reqs, 2, deadline, "allreduce validation");
-    if (!s.ok()) {
-      comm.Drain(reqs, 2);
-      return s;
-    }
-    for (int i = 0; i < n; ++i) out[i] = std::max(out[i], incoming[i]);
-  }
-  return Status::Ok();
-}
-
-Status Validate(Communicator& comm, const std::vector<RingBuffer>& buffers,
-                const AllreduceStepOptions& opt, const Deadline& deadline) {
-  int64_t local[kFields];
-  size_t total = 0;
-  for (const RingBuffer& b : buffers) total += b.count;
-  local[kStep] = opt.step;
-  // The rank rides in the low bits of a second copy (steps below 2^43), so that the min and max
-  // also say who passed them.
-  const bool packable = opt.step >= 0 && opt.step < (int64_t(1) << 42);
-  local[kStepRank] = (packable ? opt.step : 0) * kRankSlots + comm.rank();
-  local[kOp] = static_cast<int64_t>(opt.op);
-  local[kNumBuffers] = static_cast<int64_t>(buffers.size());
-  local[kLayoutHash] = static_cast<int64_t>(LayoutHash(buffers));
-  // The rank rides in the low bits, so that the max and min also say who passed them.
-  local[kTotalCount] = static_cast<int64_t>(total) * kRankSlots + comm.rank();
-  const int64_t first_dtype = buffers.empty() ? kNumDTypes : static_cast<int64_t>(buffers[0].dtype);
-  local[kFirstDType] = first_dtype * kRankSlots + comm.rank();
-  local[kProblem] = static_cast<int64_t>(opt.local_problem);
-  local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
-  if (opt.step <= comm.last_committed_step()) {
-    local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
-    local[kProblemRank] = comm.rank();
-  }
-  int64_t send[2 * kFields], recv[2 * kFields];
-  for (int i = 0; i < kFields; ++i) {
-    send[i] = local[i];
-    send[kFields + i] = -local[i];
-  }
-  Status s = DisseminationMax(comm, send, recv, 2 * kFields, deadline);
-  if (!s.ok()) return s;
-  auto max_of = [&](int f) { return recv[f]; };
-  auto min_of = [&](int f) { return -recv[kFields + f]; };
-
-  std::string why;
-  if (max_of(kProblem) == static_cast<int64_t>(InputProblem::kStepNotAfterCommitted)) {
-    why = RankName(comm, max_of(kProblemRank)) + " passed step " +
-          std::to_string(min_of(kStep)) + ", which is not after the last committed step " +
-          std::to_string(comm.last_committed_step()) + " (steps must increase)";
-  } else if (max_of(kProblem) != 0) {
-    why = RankName(comm, max_of(kProblemRank)) + " rejected its input: " +
-          InputProblemText(static_cast<InputProblem>(max_of(kProblem)));
-  } else if (min_of(kStep) != max_of(kStep)) {
-    why = "ranks passed different step ids (" + RankName(comm, min_of(kStepRank) % kRankSlots) + ": " +
-          std::to_string(min_of(kStep)) + ", " + RankName(comm, max_of(kStepRank) % kRankSlots) + ": " +
-          std::to_string(max_of(kStep)) + ")";
-  } else if (min_of(kOp) != max_of(kOp)) {
-    why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
-          std::to_string(max_of(kOp)) + ")";
-  } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
-    why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
-          " to " + std::to_string(max_of(kNumBuffers)) + ")";
-  } else if (min_of(kTotalCount) / kRankSlots != max_of(kTotalCount) / kRankSlots) {
-    why = "ranks passed buffers of different lengths (" + RankName(comm, min_of(kTotalCount) % kRankSlots) +
-          ": " + std::to_string(min_of(kTotalCount) / kRankSlots) + " elements, " +
-          RankName(comm, max_of(kTotalCount) % kRankSlots) + ": " +
-          std::to_string(max_of(kTotalCount) / kRankSlots) + ")";
-  } else if (min_of(kFirstDType) / kRankSlots != max_of(kFirstDType) / kRankSlots) {
-    why = "ranks passed different dtypes (" + RankName(comm, min_of(kFirstDType) % kRankSlots) + ": " +
-          DTypeName(min_of(kFirstDType) / kRankSlots) + ", " + RankName(comm, max_of(kFirstDType) % kRankSlots) +
-          ": " + DTypeName(max_of(kFirstDType) / kRankSlots) + ")";
-  } else if (min_of(kLayoutHash) != max_of(kLayoutHash)) {
-    why = "ranks passed buffers of different lengths or dtypes (within the bucket)";
-  }
-  if (why.empty()) return Status::Ok();
-  // Name the step the same way on every rank, even when their step ids differ (the highest).
-  const int64_t step = max_of(kStep);
-  Status err = Status::Error(StatusCode::kInvalidInput, "allreduce step " + std::to_string(step) +
-                                                            ": " + why);
-  err.step = step;
-  return err;
-}
-
-// FTCOMM_PROFILE=1 (CoreSettings::profile) prints each step's phase times (validate, ring,
-// agree) to stderr: the tool for telling protocol latency from ring bandwidth when tuning.
-bool ProfileEnabled() { return CurrentSettings().profile; }
-
-std::string FormatSeconds(double seconds) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g s", seconds);
-  return buf;
-}
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// Seconds the commit agreement may take beyond the step's deadline (with the 0.5 s a timed-out
-// wait may spend draining, a step returns at most 1.5 s after its timeout).
-constexpr double kAgreeGraceSeconds = 1.0;
-
-// Agreement bits: a set bit means "all is well" so that the AND clears it if any rank objects.
-constexpr int kBitCompleted = 1;
-constexpr int kBitNoTimeout = 2;
-
-Status Abort(Communicator& comm, std::vector<RingAllreduce>& rings, int agreed_flag,
-             const AllreduceStepOptions& opt, Status local) {
-  for (RingAllreduce& ring : rings) ring.Undo();
-  Status out;
-  if (!comm.ft_enabled()) {
-    out = local.ok() ? Status::Error(StatusCode::kMpiError, "a peer aborted the allreduce") : local;
-    out.step = opt.step;
-    return out;
-  }
-  comm.Revoke();
-  std::unique_ptr<Communicator> shrunk;
-  std::vector<int> old_to_new;
-  Status s = comm.Shrink(opt.timeout_s, &shrunk, &old_to_new);
-  if (!s.ok()) {
-    s.step = opt.step;
-    return s;
-  }
-  std::vector<int> failed;
-  for (size_t r = 0; r < old_to_new.size(); ++r) {
-    if (old_to_new[r] < 0) failed.push_back(static_cast<int>(r));
-  }
-  comm.set_recovered(std::move(shrunk), old_to_new);
-  std::string what = "allreduce step " + std::to_string(opt.step) + " aborted, buffers unchanged";
-  if (!failed.empty()) {
-    std::string list;
-    for (size_t i = 0; i < failed.size(); ++i) {
-      list += (i ? "; " : "") + liveness::Describe(comm.world_ranks()[failed[i]]) + " [rank " +
-              std::to_string(failed[i]) + " of " + std::to_string(comm.size()) + "]";
-    }
-    out = Status::Error(StatusCode::kProcFailed, what + ": failed: " + list);
-    out.failed_ranks = failed;
-  } else if (!(agreed_flag & kBitNoTimeout)) {
-    std::string here = local.code == StatusCode::kTimeout ? "; here: " + local.message : "";
-    out = Status::Error(StatusCode::kTimeout, what + ": a rank's deadline passed (" + FormatSeconds(opt.timeout_s) +
-                                                  ")" + here);
-  } else {
-    out = Status::Error(StatusCode::kRevoked, what + ": the communicator was revoked");
-  }
-  out.step = opt.step;
-  return out;
-}
-
 }  // namespace
-
-const char* InputProblemText(InputProblem problem) {
-  switch (problem) {
-    case InputProblem::kNone: return "no problem";
-    case InputProblem::kNotContiguous: return "a buffer is not contiguous";
-    case InputProblem::kReadOnly: return "a buffer is read-only";
-    case InputProblem::kUnsupportedDType:
-      return "a buffer has an unsupported dtype (supported: float32, float64, float16, bfloat16, int32, int64)";
-    case InputProblem::kUnsupportedOp: return "the reduction op is not supported (supported: sum, avg, min, max, prod)";
-    case InputProblem::kNotABuffer: return "an argument is not an array or tensor (numpy, torch, CUDA array)";
-    case InputProblem::kMixedDevices:
-      return "host and device buffers are mixed in one step (or buffers on two devices, or CUDA unavailable)";
-    case InputProblem::kStepNotAfterCommitted: return "its step id is not after the last committed step";
-  }
-  return "invalid input";
-}
-
-Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
-                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s) {
-  if (comm.IsRevoked()) {
-    return Status::Error(StatusCode::kRevoked, "validation on a revoked communicator: call recover() first");
-  }
-  const int n = static_cast<int>(values.size());
-  std::vector<int64_t> send(2 * n), recv(2 * n);
-  for (int i = 0; i < n; ++i) {
-    send[i] = values[i];
-    send[n + i] = -values[i];
-  }
-  Status s = DisseminationMax(comm, send.data(), recv.data(), 2 * n, Deadline(timeout_s));
-  if (!s.ok()) return s;
-  maxs->assign(recv.begin(), recv.begin() + n);
-  mins->resize(n);
-  for (int i = 0; i < n; ++i) (*mins)[i] = -recv[n + i];
-  return Status::Ok();
-}
 
 Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
                      const AllreduceStepOptions& opt, AllreduceStepResult* result) {
-  result->replayed = false;
-  if (opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone) {
-    result->replayed = true;
-    return Status::Ok();
-  }
-  if (comm.has_recovered()) {
-    // Every survivor went through this communicator's abort already and holds its shrunk
-    // successor: the same answer everywhere, with no communication.
-    Status s = Status::Error(StatusCode::kRevoked,
-                             "allreduce on a communicator that already failed: call recover() first");
-    s.step = opt.step;
-    return s;
-  }
-  liveness::ActivityScope activity(liveness::Activity::kAllreduce, opt.step);
-  const Deadline deadline(opt.timeout_s);
-  const int world_rank = comm.world_ranks()[comm.rank()];
-  fault::Point("before", world_rank, opt.step);
-
   std::vector<RingAllreduce> rings;
-  const auto t_start = std::chrono::steady_clock::now();
-  // Revoked before this rank arrived (a failure seen by a peer): no early return, which would
-  // leave the peers alone in their agreement; this rank joins it with "not completed" and every
-  // rank takes the same path through the abort's shrink.
-  Status local = comm.IsRevoked()
-                     ? Status::Error(StatusCode::kRevoked, "allreduce: the communicator was revoked")
-                     : Validate(comm, buffers, opt, deadline);
-  const double validate_s = SecondsSince(t_start);
-  if (local.code == StatusCode::kInvalidInput) {
-    if (local.step < 0) local.step = opt.step;
-    return local;  // uniform: every rank saw the same validation result
-  }
-  if (local.ok()) {
+  StepBody body;
+  body.run = [&](const Deadline& deadline) {
     size_t total = 0, staging_bytes = 0;
     for (const RingBuffer& b : buffers) {
       total += b.count * ElementSize(b.dtype);
@@ -324,43 +53,15 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
     for (const RingBuffer& b : buffers) {
       rings.emplace_back(comm, b, opt.op, opt.chunk_bytes, opt.step, undo + undo_offset, staging);
       undo_offset += b.count * ElementSize(b.dtype);
-      local = rings.back().Run(deadline);
-      if (!local.ok()) break;
+      Status s = rings.back().Run(deadline);
+      if (!s.ok()) return s;
     }
-  }
-  const double ring_s = SecondsSince(t_start) - validate_s;
-  // A rank that failed locally revokes, so peers blocked in the ring leave it too.
-  if (!local.ok() && comm.ft_enabled()) comm.Revoke();
-
-  fault::Point("commit", world_rank, opt.step);
-  int flag = (local.ok() ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout);
-  bool saw_failure = false;
-  // What is left of the step's deadline, and a little more: after a failure every rank leaves
-  // the ring at once (the communicator is revoked), so the agreement waits only for stragglers.
-  const double agree_timeout_s = std::max(deadline.seconds_left(), 0.0) + kAgreeGraceSeconds;
-  Status agreed = comm.Agree(&flag, agree_timeout_s, &saw_failure);
-  result->validate_s = validate_s;
-  result->ring_s = ring_s;
-  result->agree_s = SecondsSince(t_start) - validate_s - ring_s;
-  if (ProfileEnabled()) {
-    std::fprintf(stderr, "ftcomm-profile rank %d step %lld: validate %.1f us, ring %.1f us, agree %.1f us\n",
-                 comm.rank(), static_cast<long long>(opt.step), validate_s * 1e6, ring_s * 1e6,
-                 result->agree_s * 1e6);
-  }
-  if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
-    comm.set_last_committed_step(opt.step);
     return Status::Ok();
-  }
-  if (!agreed.ok()) {
+  };
+  body.undo = [&] {
     for (RingAllreduce& ring : rings) ring.Undo();
-    // The agreement itself did not complete: a rank is alive but not here (it left the
-    // program, or is in another call), so no uniform outcome is possible.
-    agreed.message = "allreduce step " + std::to_string(opt.step) + ", buffers unchanged: " + agreed.message;
-    if (local.code == StatusCode::kTimeout && local.message != agreed.message) agreed.message += "; before: " + local.message;
-    agreed.step = opt.step;
-    return agreed;
-  }
-  return Abort(comm, rings, flag, opt, local);
+  };
+  return RunCommittedStep(comm, "allreduce", buffers, opt, body, result);
 }
 
 }  // namespace ftcomm

@@ -59,6 +59,11 @@ void ReduceUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict u
   }
 }
 
+template <typename T, ReduceOp Op>
+void ReduceOutOfPlaceLoop(const T* __restrict a, const T* __restrict b, T* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = Store<T>(Apply<Op>(Load(a[i]), Load(b[i])));
+}
+
 template <typename T>
 void ScaleLoop(T* buf, size_t n, int divisor) {
   using A = typename Arith<T>::type;
@@ -119,6 +124,16 @@ void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, v
     DispatchOp(op, [&](auto op_tag) {
       ReduceUndoLoop<T, decltype(op_tag)::value>(static_cast<const T*>(in), static_cast<T*>(inout),
                                                  static_cast<T*>(undo), n);
+    });
+  });
+}
+
+void ReduceOutOfPlace(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n) {
+  DispatchType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DispatchOp(op, [&](auto op_tag) {
+      ReduceOutOfPlaceLoop<T, decltype(op_tag)::value>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                       static_cast<T*>(out), n);
     });
   });
 }

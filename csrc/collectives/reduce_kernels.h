@@ -20,6 +20,10 @@ void ReduceInto(DType dtype, ReduceOp op, const void* in, void* inout, size_t n)
 void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
                         size_t n);
 
+// out[i] = op(a[i], b[i]) for i < n: a reduction that leaves both inputs as they were (the
+// reduce-scatter reads the user's input and writes only scratch until the commit).
+void ReduceOutOfPlace(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n);
+
 // buf[i] /= divisor, for the final step of an average. Integer types divide and truncate
 // toward zero, as C does.
 void ScaleForAvg(DType dtype, void* buf, size_t n, int divisor);

@@ -6,7 +6,7 @@
 //
 // Commit support: the first write to any element of the user's buffer is preceded by saving its
 // old value in the undo log (fused into the reduction loop), so Undo() restores the buffer
-// exactly after an aborted collective. The caller decides commit or abort (see allreduce_step.h).
+// exactly after an aborted collective. The caller decides commit or abort (see step_protocol.h).
 #pragma once
 
 #include <mpi.h>
@@ -15,17 +15,12 @@
 #include <vector>
 
 #include "collectives/dtype.h"
+#include "collectives/ring_buffer.h"
 #include "core/communicator.h"
 #include "core/deadline.h"
 #include "core/status.h"
 
 namespace ftcomm {
-
-struct RingBuffer {
-  char* data = nullptr;   // the user's buffer (host memory), count * ElementSize(dtype) bytes
-  size_t count = 0;       // elements
-  DType dtype = DType::kFloat32;
-};
 
 class RingAllreduce {
  public:

@@ -7,7 +7,8 @@ namespace ftcomm {
 
 enum class Tag : int {
   kRing = 7001,          // ring allreduce chunks (collectives/ring_allreduce.cpp)
-  kValidate = 7002,      // input validation and min/max rounds (collectives/allreduce_step.cpp)
+  kValidate = 7002,      // input validation and min/max rounds (collectives/step_protocol.cpp)
+  kReduceScatter = 7003, // ring reduce-scatter chunks (collectives/ring_reduce_scatter.cpp)
   kAllgather = 7101,     // Communicator.allgather's ring (ftcomm/core/p2p.py)
   kBroadcast = 7102,     // Communicator.broadcast's binomial tree (ftcomm/core/p2p.py)
   kSubgroup = 7200,      // MPI_Comm_create_group of torch subgroups, this and up (ftcomm/torch/backend.py)

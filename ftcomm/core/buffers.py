@@ -51,7 +51,7 @@ def _torch_tensor_type():
 _NUMPY_CODES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 
 
-def _describe_numpy(arr: np.ndarray):
+def _describe_numpy(arr: np.ndarray, writable: bool = True):
     code = _NUMPY_CODES.get(arr.dtype)
     if code is None and arr.dtype.isnative:  # not a byte-swapped '>f4': the core reduces native values
         code = DTYPE_CODES.get(arr.dtype.name)
@@ -59,7 +59,7 @@ def _describe_numpy(arr: np.ndarray):
         return None, InputProblem.UNSUPPORTED_DTYPE
     if not arr.flags.c_contiguous:
         return None, InputProblem.NOT_CONTIGUOUS
-    if not arr.flags.writeable:
+    if writable and not arr.flags.writeable:
         return None, InputProblem.READ_ONLY
     return (arr.ctypes.data, arr.size, code), NONE
 
@@ -83,9 +83,10 @@ def _is_device_buffer(item) -> bool:
     return not isinstance(item, np.ndarray) and cuda.is_device_buffer(item)
 
 
-def describe(buffers) -> Described:
+def describe(buffers, writable: bool = True) -> Described:
     """Describes one buffer or a list/tuple of buffers (a bucket reduced as one step). A bucket
-    with any device buffer is described as a device bucket (``describe_device_bucket``)."""
+    with any device buffer is described as a device bucket (``describe_device_bucket``).
+    ``writable=False``: buffers only read (a reduce-scatter's input) may be read-only."""
     items = list(buffers) if isinstance(buffers, (list, tuple)) else [buffers]
     if any(_is_device_buffer(item) for item in items):
         return describe_device_bucket(items)
@@ -93,7 +94,7 @@ def describe(buffers) -> Described:
     tensor_type = _torch_tensor_type()
     for index, item in enumerate(items):
         if isinstance(item, np.ndarray):
-            triple, problem = _describe_numpy(item)
+            triple, problem = _describe_numpy(item, writable)
         elif tensor_type is not None and isinstance(item, tensor_type):
             triple, problem = _describe_torch(item)
         else:

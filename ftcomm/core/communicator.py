@@ -332,6 +332,59 @@ class Communicator:
             raise self._with_offender_detail(error, bufs.detail, timeout) from None
         return int(step)
 
+    def reduce_scatter(self, input, output, op: str = "sum", step: int | None = None,  # noqa: A002
+                       timeout: float | None = None, chunk_bytes: int | None = None) -> int:
+        """Fault-aware ring reduce-scatter, committed as one step: ``output`` on rank r receives
+        segment r of the elementwise reduction of every rank's ``input``.
+
+        Args:
+            input: a contiguous host buffer (numpy array or torch CPU tensor) of ``N * M``
+                elements, N the world size: N segments of M elements. Only read; may be
+                read-only, and ``output`` may be a view of it (torch's in-place form).
+            output: a contiguous, writable host buffer of ``M`` elements, same dtype. Written
+                only when the step commits.
+            op, step, timeout, chunk_bytes: as ``allreduce``.
+
+        Returns:
+            The step id committed (or replayed).
+
+        Raises:
+            InvalidInputError: on every rank, when any rank passed a bad buffer, an output that is
+                not 1/N of its input, an op or a step that is wrong, or ranks disagree on lengths
+                or dtypes. Nothing was touched.
+            ProcFailedError, RevokedError, CollectiveTimeoutError: as ``allreduce``; ``input`` and
+                ``output`` are bitwise as before the call on every survivor.
+
+        Algorithm: the reduce-scatter half of the ring allreduce (Patarasuk & Yuan, JPDC 2009):
+        N-1 ring steps, (N-1)/N of the input sent and received per rank, half an allreduce's
+        traffic. Partial sums live in scratch, so an abort needs no undo log.
+        """
+        src = describe_buffers(input, writable=False)
+        dst = describe_buffers(output)
+        code = op_code(op)
+        problem, detail = src.problem, src.detail.replace("buffer 0", "the input")
+        if problem == InputProblem.NONE:
+            problem, detail = dst.problem, dst.detail.replace("buffer 0", "the output")
+        if problem == InputProblem.NONE and (src.device is not None or dst.device is not None):
+            problem, detail = InputProblem.MIXED_DEVICES, "a CUDA buffer was given (the torch backend stages CUDA tensors)"
+        if problem == InputProblem.NONE and code is None:
+            problem, detail = InputProblem.UNSUPPORTED_OP, f"op {op!r} was given"
+        empty = (0, 0, 0)
+        in_triple = src.triples[0] if problem == InputProblem.NONE else empty
+        out_triple = dst.triples[0] if problem == InputProblem.NONE else empty
+        if problem == InputProblem.NONE and (in_triple[2] != out_triple[2] or in_triple[1] != out_triple[1] * self.size):
+            detail = (f"its input has {in_triple[1]} elements and its output {out_triple[1]} "
+                      f"(needs {self.size} x output), dtype codes {in_triple[2]} and {out_triple[2]}")
+        if step is None:
+            step = self.last_committed_step + 1
+        args = (code or 0, int(step), _timeout(timeout), int(chunk_bytes or settings.chunk_bytes()), int(problem))
+        try:
+            _, validate_s, ring_s, agree_s = self._core.reduce_scatter(in_triple, out_triple, *args)
+            self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
+        except InvalidInputError as error:
+            raise self._with_offender_detail(error, detail, timeout) from None
+        return int(step)
+
     def _with_offender_detail(self, error: InvalidInputError, detail: str, timeout) -> InvalidInputError:
         """The validation's error completed with what the offending rank saw of its own input
         (which buffer, its dtype or device, the op it gave), the same text on every rank: one

@@ -52,8 +52,9 @@ def allgather(comm, sendbuf, recvbuf, timeout) -> None:
     """``Communicator.allgather`` (see there)."""
     n, r = comm.size, comm.rank
     problem, fields = 0, [0, 0, 0]
+    send_addr = None
     try:
-        send_bytes = buffers.raw(sendbuf, writable=False)[1]
+        send_addr, send_bytes = buffers.raw(sendbuf, writable=False)
         recv_bytes = buffers.raw(recvbuf, writable=True)[1]
         fields = [send_bytes, recv_bytes, dtype_key(sendbuf)]
         if recv_bytes != n * send_bytes:
@@ -64,7 +65,8 @@ def allgather(comm, sendbuf, recvbuf, timeout) -> None:
         problem = _NOT_A_BUFFER
     validate(comm, "allgather", problem, fields, ("sendbuf bytes", "recvbuf bytes", "dtypes"), timeout)
     blocks = _split_blocks(recvbuf, n)
-    blocks[r][...] = sendbuf.reshape(-1)
+    if buffers.raw(blocks[r], writable=True)[0] != send_addr:  # the in-place form needs no copy
+        blocks[r][...] = sendbuf.reshape(-1)
     right, left = (r + 1) % n, (r - 1) % n
     for k in range(n - 1):
         comm.exchange(sends=[(right, blocks[(r - k) % n])], recvs=[(left, blocks[(r - k - 1) % n])],

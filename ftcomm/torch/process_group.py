@@ -15,7 +15,7 @@ torch                                       ftcomm                              
 allreduce / allreduce_coalesced             ``Communicator.allreduce`` (one committed step)  2(N-1)/N x size
 broadcast                                   ``Communicator.broadcast`` + ``agree``           binomial tree
 allgather, all_gather_into_tensor           ``Communicator.allgather`` (ring) + ``agree``    (N-1) x S
-reduce_scatter, reduce_scatter_tensor       allreduce of a copy of the input, then slice      2(N-1) x S (2x a true one)
+reduce_scatter, reduce_scatter_tensor       ``Communicator.reduce_scatter`` (committed step)  (N-1)/N x size of the input
 barrier                                     ``Communicator.barrier`` + ``agree``             --
 ==========================================  ==============================================  ==============================
 
@@ -82,6 +82,18 @@ def _check_devices(tensors, collective: str) -> None:
             raise NotImplementedError(
                 f"ftcomm backend: {collective} on {t.device.type} tensors is not supported yet "
                 f"(supported devices: {', '.join(SUPPORTED_DEVICES)})")
+
+
+def _reduce_scatter_into(comm, whole: torch.Tensor, out: torch.Tensor, op: str, timeout) -> None:
+    """One committed reduce-scatter of the flat host tensor ``whole`` into the host tensor
+    ``out`` (through a contiguous temporary when ``out`` is not contiguous)."""
+    flat = whole if whole.is_contiguous() else whole.contiguous()
+    if out.is_contiguous():
+        comm.reduce_scatter(flat, out.view(-1), op=op, timeout=timeout)
+        return
+    tmp = torch.empty(out.numel(), dtype=out.dtype)
+    comm.reduce_scatter(flat, tmp, op=op, timeout=timeout)
+    out.copy_(tmp.view_as(out))
 
 
 def _byte_view(t: torch.Tensor):
@@ -408,9 +420,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None) -> FtWork:
-        """``output_tensors[i]`` receives the reduction over ranks of ``input_tensors[i][rank]``.
-        Done as an allreduce of a copy of the concatenated inputs, then a slice: twice the traffic
-        of a true reduce-scatter, plus one copy (inputs are not modified)."""
+        """``output_tensors[i]`` receives the reduction over ranks of ``input_tensors[i][rank]``
+        (every input the output's size). One committed ring reduce-scatter per output, over the
+        concatenated inputs (one copy of them; the inputs are only read)."""
         op = _reduce_op(opts, "reduce_scatter")
         outs = list(output_tensors)
         ins = [list(x) for x in input_tensors]
@@ -419,25 +431,27 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise ValueError("reduce_scatter: need one input list per output tensor")
         if any(len(x) != self.comm.size for x in ins):
             raise ValueError(f"reduce_scatter: each input list must hold {self.comm.size} tensors")
+        for out, parts in zip(outs, ins):
+            if any(p.numel() != out.numel() for p in parts):
+                raise ValueError(f"reduce_scatter: every input must hold the output's {out.numel()} elements, "
+                                 f"not {[p.numel() for p in parts]}")
         staging = Staging(inputs=[t for x in ins for t in x], outputs=outs)
 
         def fn(comm):
-            n, r = comm.size, comm.rank
+            for parts in ins:
+                if len(parts) != comm.size:
+                    raise _ShapeChanged(f"reduce_scatter: {len(parts)} inputs for a group of {comm.size}")
             for out, parts in zip(outs, ins):
-                if len(parts) != n:
-                    raise _ShapeChanged(f"reduce_scatter: {len(parts)} inputs for a group of {n}")
-            temps = [torch.cat([staging.host(p).reshape(-1) for p in parts]) for parts in ins]
-            comm.allreduce(temps, op=op, timeout=self._timeout)
-            for out, parts, tmp in zip(outs, ins, temps):
-                offset = sum(p.numel() for p in parts[:r])
-                staging.host(out).copy_(tmp[offset:offset + parts[r].numel()].view_as(out))
+                whole = torch.cat([staging.host(p).reshape(-1) for p in parts])
+                _reduce_scatter_into(comm, whole, staging.host(out), op, self._timeout)
 
         return self._submit("reduce_scatter", outs, fn, uniform=True, staging=staging)
 
     def reduce_scatter_single(self, output, input, opts=None) -> FtWork:  # noqa: A002
         """``output`` receives block ``rank`` (``output.numel()`` elements) of the reduction over
-        ranks of ``input`` (size x that many elements; ``dist.reduce_scatter_tensor``). Same cost
-        as ``reduce_scatter``."""
+        ranks of ``input`` (size x that many elements; ``dist.reduce_scatter_tensor``). One
+        committed ring reduce-scatter, no copy when both are contiguous host tensors; ``output``
+        may be a view into ``input``."""
         op = _reduce_op(opts, "reduce_scatter_tensor")
         _check_devices([output, input], "reduce_scatter_tensor")
         if input.numel() != self.comm.size * output.numel():
@@ -446,13 +460,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         staging = Staging(inputs=[input], outputs=[output])
 
         def fn(comm):
-            n, r, k = comm.size, comm.rank, output.numel()
-            if input.numel() != n * k:
+            if input.numel() != comm.size * output.numel():
                 raise _ShapeChanged(f"reduce_scatter_tensor: input holds {input.numel()} elements, "
-                                    f"not {n} x {k}")
-            tmp = staging.host(input).reshape(-1).clone()
-            comm.allreduce(tmp, op=op, timeout=self._timeout)
-            staging.host(output).copy_(tmp[r * k:(r + 1) * k].view_as(output))
+                                    f"not {comm.size} x {output.numel()}")
+            _reduce_scatter_into(comm, staging.host(input).reshape(-1), staging.host(output), op, self._timeout)
 
         return self._submit("reduce_scatter_tensor", [output], fn, uniform=True, staging=staging)
 

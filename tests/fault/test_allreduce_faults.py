@@ -57,3 +57,32 @@ def test_kill_at_point_leaves_buffers_and_retries(n, victim, point, where):
         assert rep["correct"] is True
         assert rep["replay_noop"] is True
         assert rep["last_committed"] == 1
+
+
+RS_COUNT = 12 * 2003  # divisible by 4 and 3 ranks; several 4096-byte chunks per segment
+RS_CASES = [(4, 1, "before", {}), (4, 3, "reduce_scatter", {"ring_step": 0, "chunk": 0}),
+            (4, 0, "reduce_scatter", {"ring_step": 2, "chunk": 1}), (4, 2, "commit", {}),
+            (3, 2, "reduce_scatter", {"ring_step": 1, "chunk": 0})]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("n,victim,point,where", RS_CASES,
+                         ids=[f"n{c[0]}-kill{c[1]}-{c[2]}-{'-'.join(map(str, c[3].values()))}" for c in RS_CASES])
+def test_reduce_scatter_kill_leaves_input_and_output(n, victim, point, where):
+    """The reduce-scatter's commit: a kill anywhere before the agreement leaves every survivor's
+    input and output bitwise as they were, the same error everywhere; the retry over the survivors
+    equals the reference."""
+    dtype, op = ("float32", "sum") if n == 4 else ("int64", "max")
+    job = run_job(JOBS / "reduce_scatter_fault.py", n, RS_COUNT, dtype, op,
+                  env={"FTCOMM_FAULT": spec(victim, point, where)}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert sorted(reports) == [r for r in range(n) if r != victim], job.describe()
+    errors = [rep["error"] for rep in reports.values()]
+    assert all(e == errors[0] for e in errors), f"survivors disagree: {errors}"
+    assert errors[0] == {"type": "ProcFailedError", "step": 1, "failed_ranks": [victim], "unchanged": True}
+    for rep in reports.values():
+        assert rep["size"] == n - 1
+        assert rep["correct"] is True
+        assert rep["input_kept"] is True
+        assert rep["last_committed"] == 1

@@ -108,6 +108,21 @@ def test_raw_allreduce_outside_resilient_raises_and_group_is_rebuilt():
 
 @pytest.mark.fault
 @pytest.mark.timeout(150)
+def test_kill_in_reduce_scatter_tensor_leaves_tensors_and_retry_is_exact():
+    n, victim = 4, 2
+    job = run_job(JOBS / "torch_reduce_scatter_kill.py", n,
+                  env={"FTCOMM_FAULT": f"rank={victim},point=reduce_scatter,step=3,ring_step=1,kind=kill"}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    for rep in finals.values():
+        assert rep["failures"] == [{"step": 3, "exc_step": 3, "untouched": True, "size_after": 3}]
+        assert rep["results"] == [True] * 6
+        assert rep["size"] == 3
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
 def test_example_ddp_train_with_kill_reaches_target(tmp_path):
     out = tmp_path / "result.json"
     job = run_job(REPO / "examples" / "ddp_train.py", 4, "--kill", "1@30", "--result-json", out, timeout=120)

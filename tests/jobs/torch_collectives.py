@@ -91,6 +91,10 @@ check("all_gather_into_tensor_bf16", a, b)
 a = torch.empty(N * 257, dtype=torch.bfloat16)
 FT._allgather_base(a, x).wait()
 check("_allgather_base", a, b)
+a = torch.zeros(N * 257, dtype=torch.bfloat16)  # the in-place form: the input is this rank's block
+a[RANK * 257:(RANK + 1) * 257] = x
+dist.all_gather_into_tensor(a, a[RANK * 257:(RANK + 1) * 257], group=FT)
+check("all_gather_into_tensor_in_place", a, b)
 
 # reduce_scatter (list) and reduce_scatter_tensor; inputs must stay unchanged
 ins = [data((4, 5), torch.float32, 7 + j) for j in range(N)]
@@ -111,6 +115,10 @@ a = torch.empty(100, dtype=torch.float64)
 FT._reduce_scatter_base(a, x).wait()
 dist.reduce_scatter_tensor(b, x, group=GLOO)
 check("_reduce_scatter_base_sum", a, b)
+y = x.clone()  # the in-place form: the output is this rank's block of the input
+mine = y[dist.get_rank() * 100:(dist.get_rank() + 1) * 100]
+dist.reduce_scatter_tensor(mine, y, group=FT)
+check("reduce_scatter_tensor_in_place", mine, b)
 
 dist.barrier()
 barrier_work = FT.barrier()

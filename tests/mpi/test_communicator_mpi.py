@@ -95,6 +95,68 @@ def test_bad_input_fails_on_every_rank(comm):
     np.testing.assert_array_equal(ok, np.full(3, float(comm.size)))
 
 
+def _reference(inputs, op, dtype, n):
+    stack = np.stack(inputs).astype(np.float64)
+    return {"sum": stack.sum(0), "min": stack.min(0), "max": stack.max(0), "prod": stack.prod(0),
+            "avg": np.trunc(stack.sum(0) / n) if dtype.startswith("int") else stack.sum(0) / n}[op]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64"])
+@pytest.mark.parametrize("op", ["sum", "avg", "min", "max", "prod"])
+def test_reduce_scatter_matches_numpy(comm, dtype, op):
+    n, m = comm.size, 301  # 301 elements per segment: several 512-byte chunks and a short one
+    inputs = [np.random.default_rng([r, 11]).integers(1, 3 if op == "prod" else 9, n * m).astype(dtype)
+              for r in range(n)]
+    mine = inputs[comm.rank].copy()
+    out = np.full(m, -1, dtype)
+    comm.reduce_scatter(mine, out, op=op, chunk_bytes=512)
+    ref = _reference(inputs, op, dtype, n)[comm.rank * m:(comm.rank + 1) * m]
+    if op == "avg" and not dtype.startswith("int"):
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=2e-3)
+    else:
+        np.testing.assert_array_equal(out.astype(np.float64), ref)
+    np.testing.assert_array_equal(mine, inputs[comm.rank])  # the input is only read
+
+
+def test_reduce_scatter_output_may_alias_input_and_input_may_be_read_only(comm):
+    import torch
+
+    n, m = comm.size, 1000
+    inputs = [torch.arange(n * m, dtype=torch.float32) * (r + 1) for r in range(n)]
+    buf = inputs[comm.rank].clone()
+    view = buf[comm.rank * m:(comm.rank + 1) * m]  # torch's in-place form: output inside input
+    comm.reduce_scatter(buf, view, chunk_bytes=1024)
+    expected = sum(inputs)[comm.rank * m:(comm.rank + 1) * m]
+    assert torch.equal(view, expected)
+    frozen = np.arange(n * 4, dtype=np.float64)
+    frozen.flags.writeable = False
+    out = np.zeros(4)
+    comm.reduce_scatter(frozen, out, op="max")
+    np.testing.assert_array_equal(out, frozen[comm.rank * 4:(comm.rank + 1) * 4])
+
+
+def test_reduce_scatter_bad_output_fails_on_every_rank(comm):
+    import ftcomm
+
+    n = comm.size
+    step = comm.last_committed_step
+    src = np.ones(n * 6, np.float32)
+    out = np.full(5 if comm.rank == 1 else 6, 7, np.float32)  # rank 1's output is too short
+    with pytest.raises(ftcomm.InvalidInputError, match=r"reduce-scatter step .*rank 1 \(world rank 1\) rejected its "
+                                                      r"input: the output is not 1/N .*saw: its input has"):
+        comm.reduce_scatter(src, out, timeout=20)
+    np.testing.assert_array_equal(out, np.full(out.size, 7, np.float32))  # untouched
+    with pytest.raises(ftcomm.InvalidInputError, match="different lengths"):
+        comm.reduce_scatter(np.ones(n * (2 + comm.rank), np.float32), np.zeros(2 + comm.rank, np.float32), timeout=20)
+    assert comm.last_committed_step == step
+    good = np.zeros(6, np.float32)
+    committed = comm.reduce_scatter(src, good)
+    np.testing.assert_array_equal(good, np.full(6, float(n), np.float32))
+    good[:] = 0
+    comm.reduce_scatter(src, good, step=committed)  # a replay: a no-op
+    np.testing.assert_array_equal(good, np.zeros(6, np.float32))
+
+
 def test_agree_is_the_and_of_flags(comm):
     flag = 0b1111 & ~(1 << (comm.rank % 4))
     expected = 0b1111

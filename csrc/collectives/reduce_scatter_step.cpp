@@ -1,0 +1,47 @@
+#include "collectives/reduce_scatter_step.h"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "collectives/ring_reduce_scatter.h"
+
+namespace ftcomm {
+namespace {
+
+// The ring's scratch, grown on demand and kept for the next step (fresh large allocations would
+// page-fault on every call).
+char* Scratch(size_t bytes) {
+  static std::unique_ptr<char[]> data;
+  static size_t capacity = 0;
+  if (bytes > capacity) {
+    data.reset(new char[bytes]);
+    capacity = bytes;
+  }
+  return data.get();
+}
+
+bool ShapesFit(const RingBuffer& input, const RingBuffer& output, int size) {
+  return output.dtype == input.dtype && input.count % size == 0 && output.count * size == input.count;
+}
+
+}  // namespace
+
+Status ReduceScatterStep(Communicator& comm, const RingBuffer& input, const RingBuffer& output,
+                         const StepOptions& options, StepResult* result) {
+  StepOptions opt = options;
+  if (opt.local_problem == InputProblem::kNone && !ShapesFit(input, output, comm.size())) {
+    opt.local_problem = InputProblem::kOutputShape;
+  }
+  std::unique_ptr<RingReduceScatter> ring;
+  StepBody body;
+  body.run = [&](const Deadline& deadline) {
+    const size_t bytes = RingReduceScatter::ScratchElements(input.count, comm.size()) * ElementSize(input.dtype);
+    ring = std::make_unique<RingReduceScatter>(comm, input, opt.op, opt.chunk_bytes, opt.step, Scratch(bytes));
+    return ring->Run(deadline);
+  };
+  body.commit = [&] { std::memcpy(output.data, ring->result(), output.count * ElementSize(output.dtype)); };
+  return RunCommittedStep(comm, "reduce-scatter", {input}, opt, body, result);
+}
+
+}  // namespace ftcomm

@@ -1,0 +1,125 @@
+#include "collectives/ring_reduce_scatter.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/reduce_kernels.h"
+#include "core/tags.h"
+#include "fault/injection.h"
+
+namespace ftcomm {
+namespace {
+constexpr int kTag = TagValue(Tag::kReduceScatter);
+}
+
+RingReduceScatter::RingReduceScatter(Communicator& comm, const RingBuffer& input, ReduceOp op,
+                                     size_t chunk_bytes, int64_t step, char* scratch)
+    : comm_(comm), in_(input), op_(op), step_(step) {
+  n_ = comm.size();
+  rank_ = comm.rank();
+  left_ = (rank_ - 1 + n_) % n_;
+  right_ = (rank_ + 1) % n_;
+  esize_ = ElementSize(input.dtype);
+  chunk_elems_ = std::max<size_t>(1, chunk_bytes / esize_);
+  seg_len_ = input.count / n_;
+  staging_ = scratch;
+  acc_ = scratch + 2 * seg_len_ * esize_;
+  result_ = scratch + 4 * seg_len_ * esize_;
+  recvs_posted_.assign(std::max(n_ - 1, 0), false);
+  sends_.resize(std::max(n_ - 1, 0));
+}
+
+size_t RingReduceScatter::ChunkLength(size_t c) const {
+  return std::min(chunk_elems_, seg_len_ - c * chunk_elems_);
+}
+
+char* RingReduceScatter::Slot(char* base, int parity, size_t c) const {
+  return base + (parity * seg_len_ + c * chunk_elems_) * esize_;
+}
+
+// Step 0 sends the rank's own input; step t > 0 the accumulator written at step t-1.
+const char* RingReduceScatter::SendSource(int t, size_t c) const {
+  if (t == 0) return in_.data + (SendSegment(0) * seg_len_ + c * chunk_elems_) * esize_;
+  return Slot(acc_, (t - 1) % 2, c);
+}
+
+Status RingReduceScatter::PostRecvs(int t) {
+  std::vector<MPI_Request>& slot = recvs_[t % 2];
+  slot.assign(ChunkCount(), MPI_REQUEST_NULL);
+  for (size_t c = 0; c < slot.size(); ++c) {
+    int rc = MPI_Irecv(Slot(staging_, t % 2, c), static_cast<int>(ChunkLength(c) * esize_), MPI_BYTE,
+                       left_, kTag, comm_.handle(), &slot[c]);
+    if (rc != MPI_SUCCESS) return comm_.Classify(rc, "reduce-scatter: receive");
+  }
+  recvs_posted_[t] = true;
+  return Status::Ok();
+}
+
+Status RingReduceScatter::PostSend(int t, size_t c) {
+  MPI_Request req;
+  int rc = MPI_Isend(SendSource(t, c), static_cast<int>(ChunkLength(c) * esize_), MPI_BYTE, right_,
+                     kTag, comm_.handle(), &req);
+  if (rc != MPI_SUCCESS) return comm_.Classify(rc, "reduce-scatter: send");
+  sends_[t].push_back(req);
+  return Status::Ok();
+}
+
+Status RingReduceScatter::WaitSends(int t, const Deadline& deadline) {
+  std::vector<MPI_Request>& reqs = sends_[t];
+  return comm_.Wait(reqs.data(), static_cast<int>(reqs.size()), deadline, "reduce-scatter: send");
+}
+
+Status RingReduceScatter::Fail(Status s) {
+  for (auto& slot : recvs_) comm_.Drain(slot.data(), static_cast<int>(slot.size()));
+  for (auto& reqs : sends_) comm_.Drain(reqs.data(), static_cast<int>(reqs.size()));
+  return s;
+}
+
+Status RingReduceScatter::Run(const Deadline& deadline) {
+  if (n_ == 1 || seg_len_ == 0) {
+    std::memcpy(result_, in_.data + rank_ * seg_len_ * esize_, seg_len_ * esize_);
+    return Status::Ok();
+  }
+  const int steps = n_ - 1;
+  Status s = PostRecvs(0);
+  for (size_t c = 0; s.ok() && c < ChunkCount(); ++c) s = PostSend(0, c);
+  if (!s.ok()) return Fail(s);
+
+  for (int t = 0; t < steps; ++t) {
+    // Slot (t+1) % 2 was last read by step t-1's reductions, all done: pre-post, so that the left
+    // neighbour's sends find a matching receive.
+    if (t + 1 < steps) {
+      s = PostRecvs(t + 1);
+      if (!s.ok()) return Fail(s);
+    }
+    const bool last = t == steps - 1;
+    // The accumulator this step writes was the source of step t-1's sends.
+    if (!last && t >= 2) {
+      s = WaitSends(t - 1, deadline);
+      if (!s.ok()) return Fail(s);
+    }
+    const int seg = RecvSegment(t);
+    std::vector<MPI_Request>& slot = recvs_[t % 2];
+    for (size_t c = 0; c < slot.size(); ++c) {
+      s = comm_.Wait(&slot[c], 1, deadline, "reduce-scatter");
+      if (!s.ok()) return Fail(s);
+      fault::Point("reduce_scatter", comm_.world_ranks()[rank_], step_, t, static_cast<int>(c));
+      const size_t len = ChunkLength(c);
+      char* out = last ? result_ + c * chunk_elems_ * esize_ : Slot(acc_, t % 2, c);
+      const char* own = in_.data + (seg * seg_len_ + c * chunk_elems_) * esize_;
+      ReduceOutOfPlace(in_.dtype, op_, Slot(staging_, t % 2, c), own, out, len);
+      if (last && op_ == ReduceOp::kAvg) ScaleForAvg(in_.dtype, out, len, n_);
+      if (!last) {
+        s = PostSend(t + 1, c);
+        if (!s.ok()) return Fail(s);
+      }
+    }
+  }
+  for (int t = 0; t < steps; ++t) {
+    s = WaitSends(t, deadline);
+    if (!s.ok()) return Fail(s);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ftcomm

@@ -1,0 +1,80 @@
+// The commit protocol every committed collective step shares (allreduce, reduce-scatter):
+//   1. validate: a small round checks that every rank passes the same step id, op, buffer
+//      count, lengths and dtypes, and that no rank rejected its own input. A mismatch is a
+//      uniform kInvalidInput error on every rank, before any byte of a buffer is touched.
+//   2. run: the collective's communication (StepBody::run); what it wrote into user buffers
+//      must be undoable (StepBody::undo), or it writes only into scratch.
+//   3. agree: one ULFM agreement (MPIX_Comm_agree, the ULFM chapter of the MPI 4 draft) on
+//      "every rank completed its run".
+//   4. commit (StepBody::commit publishes the results, the step id is recorded) or abort (undo,
+//      then revoke and shrink so that all survivors report the same failed ranks; the shrunk
+//      communicator waits in Communicator::TakeRecovered).
+// A step id equal to the last committed one is a replay: a no-op with no communication.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "collectives/dtype.h"
+#include "collectives/ring_buffer.h"
+#include "core/communicator.h"
+#include "core/deadline.h"
+#include "core/status.h"
+
+namespace ftcomm {
+
+// Why a rank rejects its own input; carried in the validation round so that every rank can name
+// the offending rank and reason. Exported to Python as ftcomm._C.InputProblem; the highest value
+// any rank reports is the one every rank names.
+enum class InputProblem : int {
+  kNone = 0,
+  kNotContiguous = 1,
+  kReadOnly = 2,
+  kUnsupportedDType = 3,
+  kUnsupportedOp = 4,
+  kNotABuffer = 5,
+  kMixedDevices = 6,
+  kStepNotAfterCommitted = 7,  // found by the validation itself, not passed in
+  kOutputShape = 8,            // reduce-scatter: output is not 1/N of the input, or another dtype
+};
+
+// What `problem` means, in words ("a buffer is not contiguous").
+const char* InputProblemText(InputProblem problem);
+
+struct StepOptions {
+  ReduceOp op = ReduceOp::kSum;
+  int64_t step = 0;
+  double timeout_s = 60.0;
+  size_t chunk_bytes = 1 << 20;
+  InputProblem local_problem = InputProblem::kNone;
+};
+
+struct StepResult {
+  bool replayed = false;  // the step had already committed: nothing was done
+  // Seconds of each phase of this call (0 for a replay or an invalid input): the validation
+  // round, the communication, the agreement (an abort's undo and shrink come after it, not counted).
+  double validate_s = 0, ring_s = 0, agree_s = 0;
+};
+
+// What differs between committed collectives; each may be empty.
+struct StepBody {
+  std::function<Status(const Deadline&)> run;  // the communication, after a valid validation
+  std::function<void()> undo;                  // restores user buffers `run` wrote, on abort
+  std::function<void()> commit;                // publishes results, once every rank agreed
+};
+
+// Runs one committed step of the collective `name` ("allreduce", "reduce-scatter"; it starts
+// every error message). `validated` are the buffers whose lengths and dtypes must agree across
+// ranks.
+Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<RingBuffer>& validated,
+                        const StepOptions& opt, StepBody& body, StepResult* result);
+
+// Element-wise min and max of `values` over all ranks (one dissemination round of small
+// messages, as the steps' validation). Used by the Python helpers (allgather, broadcast) to
+// validate input uniformly: every rank gets the same mins and maxs, hence the same error. Values
+// must lie in (INT64_MIN, INT64_MAX]. Local outcome on a failure (ProcFailed, Revoked, Timeout).
+Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
+                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s);
+
+}  // namespace ftcomm
