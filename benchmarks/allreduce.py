@@ -10,6 +10,10 @@ time, busbw = algbw x 2(N-1)/N (the bytes each rank must move in a ring, so busb
 across world sizes), and ftcomm's busbw as a ratio to MPI's and gloo's. Writes
 results/allreduce_n{N}.json and .png.
 
+``--checksums`` adds "ftcomm+checksums" (the transit guard against silent data corruption on)
+beside "ftcomm" (off), interleaved in the same job, and their ratio (``guard_cost``: the guard's
+time over the unguarded time, minus one).
+
 ``--collective reduce_scatter``: ftcomm's committed ring reduce-scatter against
 MPI_Reduce_scatter_block and gloo's reduce_scatter_tensor, plus "allreduce+slice" (a committed
 allreduce of a copy, then this rank's block: what the torch backend did before it had a true
@@ -74,6 +78,7 @@ def main():
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
     p.add_argument("--latency-reps", type=int, default=300, help="calls per implementation for the 4-byte latency")
     p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce")
+    p.add_argument("--checksums", action="store_true", help="also time ftcomm with the transit guard on")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
     args = p.parse_args()
 
@@ -102,6 +107,9 @@ def main():
         nbytes -= nbytes % (4 * n)  # whole float32 blocks per rank
         buf = np.zeros(nbytes // 4, np.float32)  # zeros stay zeros: no overflow over many rounds
         impls = (scatter_impls if scatter else allreduce_impls)(comm, mpi_comm, MPI, dist, buf, args.chunk_bytes)
+        if args.checksums and not scatter:
+            impls["ftcomm+checksums"] = lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes,
+                                                                checksums=True)
         reps = max(args.reps, min(50, (4 << 20) // nbytes))  # more rounds for small sizes
         times = {name: [] for name in impls}
         for name, fn in impls.items():
@@ -119,6 +127,8 @@ def main():
         row["ratio_vs_mpi"] = row["ftcomm"]["busbw_GBps"] / row["mpi"]["busbw_GBps"]
         if "gloo" in row:
             row["ratio_vs_gloo"] = row["ftcomm"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
+        if "ftcomm+checksums" in row:
+            row["guard_cost"] = row["ftcomm+checksums"]["time_s"] / row["ftcomm"]["time_s"] - 1
         if "allreduce+slice" in row:
             row["ratio_vs_allreduce_slice"] = row["ftcomm"]["busbw_GBps"] / row["allreduce+slice"]["busbw_GBps"]
         rows.append(row)
@@ -208,7 +218,7 @@ def latency_floor(comm, mpi_comm, MPI, reps: int) -> dict:
     return out
 
 
-IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice")
+IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice", "ftcomm+checksums")
 
 
 def print_row(row, header):
@@ -218,7 +228,8 @@ def print_row(row, header):
               + " | ftcomm/mpi | ftcomm/gloo", flush=True)
     cells = " | ".join(f"{row[k]['busbw_GBps']:26.3f}" for k in names)
     gloo = f"{row['ratio_vs_gloo']:11.2f}" if "ratio_vs_gloo" in row else f"{'-':>11}"
-    print(f"{human(row['bytes']):>10} | {cells} | {row['ratio_vs_mpi']:10.2f} | {gloo}", flush=True)
+    guard = f" | guard cost {100 * row['guard_cost']:+.1f}%" if "guard_cost" in row else ""
+    print(f"{human(row['bytes']):>10} | {cells} | {row['ratio_vs_mpi']:10.2f} | {gloo}{guard}", flush=True)
 
 
 def plot(rows, path, collective="allreduce"):

@@ -55,7 +55,8 @@ struct PyCommunicator {
 
 using Triple = std::tuple<uintptr_t, size_t, int>;  // (address, count, dtype code)
 
-ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem) {
+ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem,
+                                    bool checksums = false) {
   if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
   ftcomm::StepOptions opt;
   opt.op = static_cast<ftcomm::ReduceOp>(op);
@@ -63,6 +64,7 @@ ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t
   opt.timeout_s = timeout;
   opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
   opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
+  opt.checksums = checksums;
   return opt;
 }
 
@@ -116,7 +118,8 @@ void RegisterEnums(py::module_& m) {
       .value("TIMEOUT", StatusCode::kTimeout)
       .value("ULFM_UNAVAILABLE", StatusCode::kUlfmUnavailable)
       .value("INVALID_INPUT", StatusCode::kInvalidInput)
-      .value("MPI_ERROR", StatusCode::kMpiError);
+      .value("MPI_ERROR", StatusCode::kMpiError)
+      .value("CORRUPTION", StatusCode::kCorruption);
   py::enum_<ftcomm::DType>(m, "DType", py::arithmetic(), "Element types (collectives/dtype.h).")
       .value("FLOAT32", ftcomm::DType::kFloat32)
       .value("FLOAT64", ftcomm::DType::kFloat64)
@@ -145,9 +148,11 @@ void RegisterEnums(py::module_& m) {
       .value("KILL", ftcomm::fault::Kind::kKill)
       .value("EXIT", ftcomm::fault::Kind::kExit)
       .value("HANG", ftcomm::fault::Kind::kHang)
-      .value("STOP", ftcomm::fault::Kind::kStop);
+      .value("STOP", ftcomm::fault::Kind::kStop)
+      .value("BITFLIP", ftcomm::fault::Kind::kBitflip);
   py::enum_<ftcomm::Tag>(m, "Tag", py::arithmetic(), "MPI message tags of ftcomm's protocols (core/tags.h).")
       .value("RING", ftcomm::Tag::kRing)
+      .value("RING_SUM", ftcomm::Tag::kRingSum)
       .value("VALIDATE", ftcomm::Tag::kValidate)
       .value("REDUCE_SCATTER", ftcomm::Tag::kReduceScatter)
       .value("ALLGATHER", ftcomm::Tag::kAllgather)
@@ -288,9 +293,9 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("allreduce",
            [](PyCommunicator& c, const std::vector<Triple>& buffers, int op, int64_t step,
-              double timeout, size_t chunk_bytes, int problem) {
+              double timeout, size_t chunk_bytes, int problem, bool checksums) {
              std::vector<ftcomm::RingBuffer> rings = ToRingBuffers(buffers);
-             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem);
+             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem, checksums);
              ftcomm::StepResult result;
              Status s;
              {
@@ -301,7 +306,7 @@ PYBIND11_MODULE(_C, m) {
              return StepTuple(result);
            },
            py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
-           py::arg("chunk_bytes"), py::arg("problem"),
+           py::arg("chunk_bytes"), py::arg("problem"), py::arg("checksums") = false,
            "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).")
       .def("reduce_scatter",
            [](PyCommunicator& c, const Triple& input, const Triple& output, int op, int64_t step,

@@ -15,6 +15,7 @@ class StatusCode:
     ULFM_UNAVAILABLE: StatusCode
     INVALID_INPUT: StatusCode
     MPI_ERROR: StatusCode
+    CORRUPTION: StatusCode
     __members__: dict[str, StatusCode]
 
 class DType(IntEnum):
@@ -48,11 +49,13 @@ class FaultKind(IntEnum):
     EXIT = 1
     HANG = 2
     STOP = 3
+    BITFLIP = 4
 
 class Tag(IntEnum):
     RING = 7001
     VALIDATE = 7002
     REDUCE_SCATTER = 7003
+    RING_SUM = 7004
     ALLGATHER = 7101
     BROADCAST = 7102
     SUBGROUP = 7200
@@ -97,7 +100,7 @@ class Communicator:
     def signal(self, peer: int, tag: int, value: int, timeout: float) -> None: ...
     def take_recovered(self) -> tuple[Communicator, list[int]]: ...
     def allreduce(self, buffers: Sequence[tuple[int, int, int]], op: int, step: int, timeout: float,
-                  chunk_bytes: int, problem: int) -> tuple[bool, float, float, float]: ...
+                  chunk_bytes: int, problem: int, checksums: bool = False) -> tuple[bool, float, float, float]: ...
     def reduce_scatter(self, input: tuple[int, int, int], output: tuple[int, int, int], op: int, step: int,
                        timeout: float, chunk_bytes: int, problem: int) -> tuple[bool, float, float, float]: ...
 

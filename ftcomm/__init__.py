@@ -27,7 +27,7 @@ from . import membership  # noqa: F401  (registers the spares and respawn recove
 from .core import cuda, fault
 from .core.communicator import Communicator
 from .core.cuda import cuda_available, cuda_status
-from .core.events import RecoveryEvent
+from .core.events import CorruptionEvent, RecoveryEvent, corruptions
 from .core.runtime import ft_compiled_in, ft_enabled
 from .errors import (
     CollectiveTimeoutError,
@@ -36,6 +36,7 @@ from .errors import (
     MpiError,
     ProcFailedError,
     RevokedError,
+    SilentCorruptionError,
     StateLostError,
     UlfmUnavailableError,
 )
@@ -74,6 +75,8 @@ __all__ = [
     "cuda_status",
     "fault",
     "RecoveryEvent",
+    "CorruptionEvent",
+    "corruptions",
     "FtError",
     "ProcFailedError",
     "RevokedError",
@@ -82,6 +85,7 @@ __all__ = [
     "InvalidInputError",
     "MpiError",
     "StateLostError",
+    "SilentCorruptionError",
     "ShardedOptimizer",
     "ElasticSampler",
     "elastic",

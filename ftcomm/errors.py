@@ -49,6 +49,21 @@ class MpiError(FtError):
     """Any other MPI error."""
 
 
+class SilentCorruptionError(FtError):
+    """Data arrived corrupted (a ring chunk's checksum did not match its sender's): the step was
+    voided on every rank, nothing committed, every buffer bitwise as before; redo the step on the
+    same communicator (no rank failed, ``failed_ranks`` is empty).
+
+    Attributes:
+        ranks: the implicated MPI_COMM_WORLD ranks, [sender, receiver] of the corrupted data
+            (empty if they could not be agreed on); the same on every rank.
+    """
+
+    def __init__(self, message: str, ranks=(), step: int | None = None, failed_ranks=()):
+        super().__init__(message, failed_ranks=failed_ranks, step=step)
+        self.ranks = list(ranks)
+
+
 class StateLostError(FtError):
     """A shard and all of its replicas were lost together: in-memory recovery is impossible.
 

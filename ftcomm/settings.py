@@ -99,6 +99,8 @@ RECOVERY_POLICY = _define("FTCOMM_RECOVERY_POLICY", None, _word(("shrink", "spar
                           "what recover() does without a policy")
 RESPAWN = _define("FTCOMM_RESPAWN", None, _word(("force",)), "force: try MPI_Comm_spawn on Open MPI 5.0.x too")
 PROFILE = _define("FTCOMM_PROFILE", False, _flag, "print each allreduce step's phase times to stderr")
+CHECKSUMS = _define("FTCOMM_CHECKSUMS", False, _flag,
+                    "check every ring chunk's checksum before an allreduce commits (silent data corruption)")
 RUN_DIR = _define("FTCOMM_RUN_DIR", None, str, "ftcomm-run's run directory (liveness table, exit reports)")
 FAULT = _define("FTCOMM_FAULT", "", str, "fault injection specs (ftcomm.fault)")
 NODE = _define("FTCOMM_NODE", None, str, "this rank's node name, for node-aware buddy placement")
@@ -186,6 +188,12 @@ def recovery_policy(default: str = "shrink") -> str:
 def respawn_forced() -> bool:
     """FTCOMM_RESPAWN=force: try MPI_Comm_spawn even where ftcomm knows it to be unreliable."""
     return RESPAWN.get() == "force"
+
+
+def checksums() -> bool:
+    """FTCOMM_CHECKSUMS: the allreduce's transit guard, on or off (default off); must be the same
+    on every rank."""
+    return CHECKSUMS.get()
 
 
 def profile() -> bool:

@@ -50,13 +50,18 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
     char* staging = StagingScratch().Get(staging_bytes);
     rings.reserve(buffers.size());
     size_t undo_offset = 0;
+    Status corrupted;  // a corrupted ring still lets the bucket's later rings run: peers wait in them
     for (const RingBuffer& b : buffers) {
-      rings.emplace_back(comm, b, opt.op, opt.chunk_bytes, opt.step, undo + undo_offset, staging);
+      rings.emplace_back(comm, b, opt.op, opt.chunk_bytes, opt.step, undo + undo_offset, staging, opt.checksums);
       undo_offset += b.count * ElementSize(b.dtype);
       Status s = rings.back().Run(deadline);
-      if (!s.ok()) return s;
+      if (s.code == StatusCode::kCorruption) {
+        if (corrupted.ok()) corrupted = s;
+      } else if (!s.ok()) {
+        return s;
+      }
     }
-    return Status::Ok();
+    return corrupted;
   };
   body.undo = [&] {
     for (RingAllreduce& ring : rings) ring.Undo();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/checksum.h"
 #include "collectives/reduce_kernels.h"
 #include "core/tags.h"
 #include "fault/injection.h"
@@ -10,11 +11,12 @@
 namespace ftcomm {
 namespace {
 constexpr int kRingTag = TagValue(Tag::kRing);
+constexpr int kSumTag = TagValue(Tag::kRingSum);
 }
 
 RingAllreduce::RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp op,
-                             size_t chunk_bytes, int64_t step, char* undo, char* staging)
-    : comm_(comm), buf_(buf), op_(op), step_(step), undo_(undo), staging_(staging) {
+                             size_t chunk_bytes, int64_t step, char* undo, char* staging, bool checksums)
+    : comm_(comm), buf_(buf), op_(op), step_(step), undo_(undo), staging_(staging), checksums_(checksums) {
   n_ = comm.size();
   rank_ = comm.rank();
   left_ = (rank_ - 1 + n_) % n_;
@@ -25,6 +27,17 @@ RingAllreduce::RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp
   recvs_posted_.assign(2 * (n_ - 1), false);
   segment_sends_.resize(n_);
   saved_.assign(n_, 0);
+  if (checksums_) {
+    const int steps = std::max(2 * (n_ - 1), 0);
+    sent_sums_.resize(steps);
+    got_sums_.resize(steps);
+    expected_sums_.resize(steps);
+    for (int t = 0; t < steps; ++t) {
+      sent_sums_[t].assign(ChunkCount(SendSegment(t)), 0);
+      got_sums_[t].assign(ChunkCount(RecvSegment(t)), 0);
+      expected_sums_[t].assign(ChunkCount(RecvSegment(t)), 0);
+    }
+  }
 }
 
 // Ring step t < N-1 is reduce-scatter step t; t >= N-1 is allgather step t-(N-1). After
@@ -80,7 +93,46 @@ Status RingAllreduce::PostRecvs(int t) {
                        kRingTag, comm_.handle(), &slot[c]);
     if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: receive");
   }
+  if (checksums_ && !slot.empty()) {
+    MPI_Request req;
+    int rc = MPI_Irecv(expected_sums_[t].data(), static_cast<int>(slot.size()), MPI_UINT64_T, left_, kSumTag,
+                       comm_.handle(), &req);
+    if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: receive checksums");
+    sum_requests_.push_back(req);
+  }
   recvs_posted_[t] = true;
+  return Status::Ok();
+}
+
+// The step's chunk sums, in one small message after its chunks (same peer, own tag).
+Status RingAllreduce::PostSums(int t) {
+  if (!checksums_ || sent_sums_[t].empty()) return Status::Ok();
+  MPI_Request req;
+  int rc = MPI_Isend(sent_sums_[t].data(), static_cast<int>(sent_sums_[t].size()), MPI_UINT64_T, right_, kSumTag,
+                     comm_.handle(), &req);
+  if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send checksums");
+  sum_requests_.push_back(req);
+  return Status::Ok();
+}
+
+Status RingAllreduce::VerifySums(const Deadline& deadline) {
+  if (!checksums_) return Status::Ok();
+  Status s = comm_.Wait(sum_requests_.data(), static_cast<int>(sum_requests_.size()), deadline,
+                        "ring allreduce: checksums");
+  if (!s.ok()) return s;
+  for (size_t t = 0; t < got_sums_.size(); ++t) {
+    for (size_t c = 0; c < got_sums_[t].size(); ++c) {
+      if (got_sums_[t][c] == expected_sums_[t][c]) continue;
+      const bool rs = IsReduceScatter(static_cast<int>(t));
+      const int phase_step = rs ? static_cast<int>(t) : static_cast<int>(t) - (n_ - 1);
+      Status bad = Status::Error(
+          StatusCode::kCorruption,
+          "checksum mismatch in chunk " + std::to_string(c) + " of " + (rs ? "reduce-scatter" : "allgather") +
+              " ring step " + std::to_string(phase_step) + " received from rank " + std::to_string(left_));
+      bad.failed_ranks = {left_, rank_};
+      return bad;
+    }
+  }
   return Status::Ok();
 }
 
@@ -92,6 +144,11 @@ Status RingAllreduce::PostSend(int t, size_t c) {
   int rc = MPI_Isend(buf_.data + offset * esize_, static_cast<int>(length * esize_), MPI_BYTE,
                      right_, kRingTag, comm_.handle(), &req);
   if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send");
+  if (checksums_) {
+    // An allgather step after the first forwards what arrived at the step before: its sum was
+    // taken on arrival. Everything else (input, partial or full reductions) is summed here.
+    sent_sums_[t][c] = t >= n_ ? got_sums_[t - 1][c] : WordSum(buf_.data + offset * esize_, length * esize_);
+  }
   segment_sends_[seg].push_back(sends_.size());
   sends_.push_back(req);
   return Status::Ok();
@@ -115,17 +172,25 @@ Status RingAllreduce::WaitSendsFromSegment(int seg, const Deadline& deadline) {
   return Status::Ok();
 }
 
-void RingAllreduce::FaultPoint(int t, size_t c) const {
-  if (IsReduceScatter(t)) {
-    fault::Point("reduce_scatter", comm_.world_ranks()[rank_], step_, t, static_cast<int>(c));
-  } else {
-    fault::Point("allgather", comm_.world_ranks()[rank_], step_, t - (n_ - 1), static_cast<int>(c));
-  }
+// A chunk has arrived: injected failures and bit flips (as if it were corrupted in transit),
+// then its checksum.
+void RingAllreduce::FaultPoint(int t, size_t c) {
+  const bool rs = IsReduceScatter(t);
+  const char* point = rs ? "reduce_scatter" : "allgather";
+  const int phase_step = rs ? t : t - (n_ - 1);
+  const int world_rank = comm_.world_ranks()[rank_];
+  fault::Point(point, world_rank, step_, phase_step, static_cast<int>(c));
+  size_t offset, length;
+  ChunkRange(RecvSegment(t), c, &offset, &length);
+  char* data = RecvTarget(t, c);
+  fault::Flip(point, world_rank, step_, phase_step, static_cast<int>(c), data, length * esize_);
+  if (checksums_) got_sums_[t][c] = WordSum(data, length * esize_);
 }
 
 Status RingAllreduce::Fail(Status s) {
   for (auto& slot : recvs_) comm_.Drain(slot.data(), static_cast<int>(slot.size()));
   comm_.Drain(sends_.data(), static_cast<int>(sends_.size()));
+  comm_.Drain(sum_requests_.data(), static_cast<int>(sum_requests_.size()));
   return s;
 }
 
@@ -140,6 +205,7 @@ Status RingAllreduce::Run(const Deadline& deadline) {
 
   Status s = PostRecvs(0);
   for (size_t c = 0; s.ok() && c < ChunkCount(SendSegment(0)); ++c) s = PostSend(0, c);
+  if (s.ok()) s = PostSums(0);
   if (!s.ok()) return Fail(s);
 
   for (int t = 0; t < steps; ++t) {
@@ -174,10 +240,15 @@ Status RingAllreduce::Run(const Deadline& deadline) {
         if (!s.ok()) return Fail(s);
       }
     }
+    if (t + 1 < steps) {
+      s = PostSums(t + 1);
+      if (!s.ok()) return Fail(s);
+    }
   }
   s = comm_.Wait(sends_.data(), static_cast<int>(sends_.size()), deadline, "ring allreduce: send");
-  if (!s.ok()) return Fail(s);
-  return Status::Ok();
+  if (s.ok()) s = VerifySums(deadline);
+  if (!s.ok() && s.code != StatusCode::kCorruption) return Fail(s);
+  return s;
 }
 
 void RingAllreduce::Undo() {

@@ -7,6 +7,11 @@
 // Commit support: the first write to any element of the user's buffer is preceded by saving its
 // old value in the undo log (fused into the reduction loop), so Undo() restores the buffer
 // exactly after an aborted collective. The caller decides commit or abort (see step_protocol.h).
+//
+// Transit guard (optional): every chunk's WordSum (collectives/checksum.h) is computed by its
+// sender and, once per ring step, sent after the step's chunks; the receiver sums each chunk on
+// arrival and compares once the ring is done. A forwarded allgather chunk reuses the sum taken on
+// its arrival. A mismatch does not stop the ring: it completes, then reports kCorruption.
 #pragma once
 
 #include <mpi.h>
@@ -26,10 +31,11 @@ class RingAllreduce {
  public:
   // `undo` must hold count elements, `staging` two segments (2 * ceil(count / N) elements).
   RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp op, size_t chunk_bytes,
-                int64_t step, char* undo, char* staging);
+                int64_t step, char* undo, char* staging, bool checksums = false);
 
   // Runs the ring. On error every request has been drained and the buffer may be partly
-  // written: call Undo().
+  // written: call Undo(). kCorruption (checksums on): a received chunk's sum did not match its
+  // sender's; failed_ranks = {sender, this rank} in the communicator's numbering.
   Status Run(const Deadline& deadline);
   // Restores every element written by Run from the undo log.
   void Undo();
@@ -52,7 +58,9 @@ class RingAllreduce {
   Status PostSend(int t, size_t c);
   bool SendsFromSegmentDone(int seg);
   Status WaitSendsFromSegment(int seg, const Deadline& deadline);
-  void FaultPoint(int t, size_t c) const;
+  void FaultPoint(int t, size_t c);
+  Status PostSums(int t);
+  Status VerifySums(const Deadline& deadline);
   Status Fail(Status s);
 
   Communicator& comm_;
@@ -68,6 +76,11 @@ class RingAllreduce {
   std::vector<MPI_Request> sends_;
   std::vector<std::vector<size_t>> segment_sends_;  // indices into sends_
   std::vector<size_t> saved_;             // per segment: elements saved in the undo log
+  bool checksums_;
+  // Per ring step, per chunk: sums of what this rank sent, of what arrived (computed here), and
+  // what the sender says it sent.
+  std::vector<std::vector<uint64_t>> sent_sums_, got_sums_, expected_sums_;
+  std::vector<MPI_Request> sum_requests_;
 };
 
 }  // namespace ftcomm

@@ -19,7 +19,7 @@ namespace {
 constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
 
 enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
-             kFields };
+             kChecksums, kFields };
 
 // "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
 std::string RankName(const Communicator& comm, int64_t rank) {
@@ -95,6 +95,7 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   local[kFirstDType] = first_dtype * kRankSlots + comm.rank();
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
+  local[kChecksums] = opt.checksums ? 1 : 0;
   if (opt.step <= comm.last_committed_step()) {
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
@@ -124,6 +125,8 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   } else if (min_of(kOp) != max_of(kOp)) {
     why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
           std::to_string(max_of(kOp)) + ")";
+  } else if (min_of(kChecksums) != max_of(kChecksums)) {
+    why = "ranks differ on the transit checksums (on for some, off for others: FTCOMM_CHECKSUMS)";
   } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
     why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
           " to " + std::to_string(max_of(kNumBuffers)) + ")";
@@ -168,6 +171,35 @@ constexpr double kAgreeGraceSeconds = 1.0;
 // Agreement bits: a set bit means "all is well" so that the AND clears it if any rank objects.
 constexpr int kBitCompleted = 1;
 constexpr int kBitNoTimeout = 2;
+constexpr int kBitNoCorruption = 4;
+
+// After an agreement that found corruption somewhere: every rank learns which world ranks were
+// implicated (the highest detecting rank and its sender), so that the error reads the same
+// everywhere. One round of small messages; if it fails the error names no ranks.
+Status CorruptionError(Communicator& comm, const char* name, const StepOptions& opt, const Status& local) {
+  const bool mine = local.code == StatusCode::kCorruption && local.failed_ranks.size() == 2;
+  std::vector<int64_t> mins, maxs;
+  Status out;
+  std::string what = std::string(name) + " step " + std::to_string(opt.step) +
+                     " voided: silent data corruption in transit";
+  if (MinMaxAcrossRanks(comm, {mine ? int64_t(comm.rank()) * (int64_t(1) << 20) + local.failed_ranks[0] : -1},
+                        &mins, &maxs, opt.timeout_s)
+          .ok() &&
+      maxs[0] >= 0) {
+    const int receiver = static_cast<int>(maxs[0] >> 20), sender = static_cast<int>(maxs[0] & ((1 << 20) - 1));
+    const std::string detail = mine && receiver == comm.rank() ? " (" + local.message + ")" : "";
+    out = Status::Error(StatusCode::kCorruption,
+                        what + ": world rank " + std::to_string(comm.world_ranks()[receiver]) +
+                            " found a checksum mismatch in data from world rank " +
+                            std::to_string(comm.world_ranks()[sender]) + detail +
+                            "; buffers unchanged, nothing committed: redo the step");
+    out.failed_ranks = {comm.world_ranks()[sender], comm.world_ranks()[receiver]};
+  } else {
+    out = Status::Error(StatusCode::kCorruption, what + "; buffers unchanged, nothing committed: redo the step");
+  }
+  out.step = opt.step;
+  return out;
+}
 
 Status Abort(Communicator& comm, const char* name, StepBody& body, int agreed_flag, const StepOptions& opt,
              Status local) {
@@ -284,11 +316,14 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
   }
   if (local.ok() && body.run) local = body.run(deadline);
   const double ring_s = SecondsSince(t_start) - validate_s;
-  // A rank that failed locally revokes, so peers blocked in the ring leave it too.
-  if (!local.ok() && comm.ft_enabled()) comm.Revoke();
+  // A rank that failed locally revokes, so peers blocked in the ring leave it too. Corruption is
+  // no such failure: the ring completed, every request with it.
+  const bool corrupted = local.code == StatusCode::kCorruption;
+  if (!local.ok() && !corrupted && comm.ft_enabled()) comm.Revoke();
 
   fault::Point("commit", world_rank, opt.step);
-  int flag = (local.ok() ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout);
+  int flag = (local.ok() || corrupted ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout) |
+             (corrupted ? 0 : kBitNoCorruption);
   bool saw_failure = false;
   // What is left of the step's deadline, and a little more: after a failure every rank leaves
   // the ring at once (the communicator is revoked), so the agreement waits only for stragglers.
@@ -302,10 +337,14 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
                  comm.rank(), name, static_cast<long long>(opt.step), validate_s * 1e6, ring_s * 1e6,
                  result->agree_s * 1e6);
   }
-  if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
+  if (agreed.ok() && !saw_failure && (flag & kBitCompleted) && (flag & kBitNoCorruption)) {
     if (body.commit) body.commit();
     comm.set_last_committed_step(opt.step);
     return Status::Ok();
+  }
+  if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
+    if (body.undo) body.undo();
+    return CorruptionError(comm, name, opt, local);
   }
   if (!agreed.ok()) {
     if (body.undo) body.undo();

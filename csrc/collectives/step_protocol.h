@@ -8,7 +8,9 @@
 //      "every rank completed its run".
 //   4. commit (StepBody::commit publishes the results, the step id is recorded) or abort (undo,
 //      then revoke and shrink so that all survivors report the same failed ranks; the shrunk
-//      communicator waits in Communicator::TakeRecovered).
+//      communicator waits in Communicator::TakeRecovered). A run that completed everywhere but
+//      found corrupted data somewhere (kCorruption) is voided without a shrink: undo, and the
+//      same kCorruption error on every rank, naming the ranks, the communicator still usable.
 // A step id equal to the last committed one is a replay: a no-op with no communication.
 #pragma once
 
@@ -48,6 +50,9 @@ struct StepOptions {
   double timeout_s = 60.0;
   size_t chunk_bytes = 1 << 20;
   InputProblem local_problem = InputProblem::kNone;
+  // The ring's transit guard (collectives/checksum.h): chunk checksums compared before the
+  // commit; a mismatch voids the step on every rank with kCorruption. Must agree across ranks.
+  bool checksums = false;
 };
 
 struct StepResult {

@@ -17,6 +17,8 @@ enum class StatusCode : int {
   kUlfmUnavailable = 4,  // a recovery verb was called but MPI runs without ULFM
   kInvalidInput = 5,     // bad buffer, dtype, op or step on this or another rank
   kMpiError = 6,         // any other MPI error
+  kCorruption = 7,       // silent data corruption: a checksum did not match; nothing committed.
+                         // failed_ranks then holds the implicated ranks (sender, receiver), alive
 };
 
 struct Status {

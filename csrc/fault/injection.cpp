@@ -25,7 +25,7 @@ bool Matches(const Spec& s, const char* point, int world_rank, int64_t step, int
 }
 
 [[noreturn]] void Fail(const Spec& s, int world_rank, int64_t step) {
-  static const char* kNames[] = {"kill", "exit", "hang", "stop"};
+  static const char* kNames[] = {"kill", "exit", "hang", "stop", "bitflip"};
   // The wall-clock time lets a benchmark measure from the fault itself (MTTR = fault to the
   // first committed step after it), not from the start of the step it hit.
   timespec now{};
@@ -66,8 +66,24 @@ void Point(const char* point, int world_rank, int64_t step, int ring_step, int c
   if (!g_any) return;
   std::lock_guard<std::mutex> lock(g_mu);
   for (const Spec& s : g_specs) {
-    if (Matches(s, point, world_rank, step, ring_step, chunk)) Fail(s, world_rank, step);
+    if (s.kind != Kind::kBitflip && Matches(s, point, world_rank, step, ring_step, chunk)) Fail(s, world_rank, step);
   }
+}
+
+bool Flip(const char* point, int world_rank, int64_t step, int ring_step, int chunk, void* data, size_t bytes) {
+  if (!g_any || bytes == 0) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto it = g_specs.begin(); it != g_specs.end(); ++it) {
+    if (it->kind != Kind::kBitflip || !Matches(*it, point, world_rank, step, ring_step, chunk)) continue;
+    static_cast<unsigned char*>(data)[bytes / 2] ^= 0x10;
+    std::fprintf(stderr, "ftcomm: fault injection: bitflip rank %d at %s (step %lld, ring step %d, chunk %d)\n",
+                 world_rank, point, static_cast<long long>(step), ring_step, chunk);
+    std::fflush(stderr);
+    g_specs.erase(it);
+    g_any = !g_specs.empty();
+    return true;
+  }
+  return false;
 }
 
 }  // namespace fault

@@ -15,6 +15,7 @@ enum class Kind : int {
   kExit = 1,  // exit(1): the process ends with an error status, without MPI_Finalize
   kHang = 2,  // sleeps forever: alive but making no progress
   kStop = 3,  // SIGSTOP: frozen by the kernel, as under a debugger or swap storm
+  kBitflip = 4,  // flips one bit of the data at the point, once (silent data corruption)
 };
 
 struct Spec {
@@ -31,7 +32,12 @@ void Clear();
 bool Any();
 
 // Fails this process if a spec matches; otherwise returns at once. Cheap when no spec is set.
+// Bitflip specs are not acted on here: see Flip.
 void Point(const char* point, int world_rank, int64_t step, int ring_step = -1, int chunk = -1);
+
+// Flips one bit of `data` (`bytes` long; the middle byte's bit 4) if a bitflip spec matches, and
+// disarms that spec (a transient flip: the redone step runs clean). Returns whether it flipped.
+bool Flip(const char* point, int world_rank, int64_t step, int ring_step, int chunk, void* data, size_t bytes);
 
 }  // namespace fault
 }  // namespace ftcomm

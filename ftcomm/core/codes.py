@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import _C
 from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, MpiError, ProcFailedError,
-                      RevokedError, UlfmUnavailableError)
+                      RevokedError, SilentCorruptionError, UlfmUnavailableError)
 
 StatusCode = _C.StatusCode
 DType = _C.DType
@@ -57,5 +57,8 @@ def exception_from_status(code, message: str, failed_ranks, step: int) -> FtErro
         code: a ``StatusCode``; message: the core's text; failed_ranks: ranks of the
             communicator the call was made on; step: the collective's step id, -1 if none.
     """
+    step = None if step < 0 else step
+    if code == StatusCode.CORRUPTION:  # its ranks are the implicated world ranks, not failed ones
+        return SilentCorruptionError(message, ranks=failed_ranks, step=step)
     cls = _ERROR_OF_STATUS.get(code, FtError)
-    return cls(message, failed_ranks=failed_ranks, step=None if step < 0 else step)
+    return cls(message, failed_ranks=failed_ranks, step=step)

@@ -281,7 +281,8 @@ class Communicator:
 
     # -- collectives ---------------------------------------------------------------------
     def allreduce(self, buffers, op: str = "sum", step: int | None = None,
-                  timeout: float | None = None, chunk_bytes: int | None = None) -> int:
+                  timeout: float | None = None, chunk_bytes: int | None = None,
+                  checksums: bool | None = None) -> int:
         """Fault-aware ring allreduce, in place, committed as one step.
 
         Args:
@@ -297,6 +298,9 @@ class Communicator:
                 A step below it, or different between ranks, is an error on every rank.
             timeout: deadline in seconds for the whole step.
             chunk_bytes: pipelining chunk of the ring, bytes (default FTCOMM_CHUNK_BYTES, 1 MiB).
+            checksums: the transit guard against silent data corruption (default
+                FTCOMM_CHECKSUMS, off): each ring chunk's 64-bit word sum is checked on arrival
+                against its sender's before the commit. Host buffers only; the same on every rank.
 
         Returns:
             The step id committed (or replayed).
@@ -309,6 +313,8 @@ class Communicator:
                 the communicator on which to retry the step.
             RevokedError: the communicator was revoked (by a failure elsewhere); same rules.
             CollectiveTimeoutError: a peer stopped answering within ``timeout``.
+            SilentCorruptionError: with checksums, data arrived corrupted somewhere; on every
+                rank, buffers bitwise as before, the communicator still usable: redo the step.
 
         Algorithm: reduce-scatter then allgather around the ring (Patarasuk & Yuan, JPDC 2009),
         pipelined by chunk; commit by one ULFM agreement (docs/DESIGN.md).
@@ -326,7 +332,8 @@ class Communicator:
             if bufs.device is not None:  # device buffers, staged through pinned host memory
                 cuda.staged_allreduce(self._core, bufs, *args)
             else:
-                _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args)
+                guard = settings.checksums() if checksums is None else bool(checksums)
+                _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args, guard)
                 self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
             raise self._with_offender_detail(error, bufs.detail, timeout) from None

@@ -9,6 +9,7 @@ reader understands both. Times are in seconds.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -81,3 +82,45 @@ def between(old, new, **fields) -> RecoveryEvent:
     lost = sorted(set(old.world_ranks) - set(new.world_ranks))
     fields.setdefault("old_to_new", list(new.old_to_new or []))
     return RecoveryEvent(old_size=old.size, new_size=new.size, lost_world_ranks=lost, **fields)
+
+
+@dataclass
+class CorruptionEvent:
+    """One step voided because data arrived corrupted (``SilentCorruptionError``).
+
+    Attributes:
+        step: the voided step id; ranks: the implicated world ranks [sender, receiver];
+        where: the collective ("allreduce", "gradient allreduce", ...); checked: what caught it
+        ("ring chunk checksums"); action: what was done ("redone", "raised" when the retries ran
+        out); time: ``time.time()``.
+    """
+
+    step: int | None
+    ranks: list
+    where: str
+    checked: str = "ring chunk checksums"
+    action: str = "redone"
+    time: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# Every corruption this process saw, in order (``corruptions()``; the torch backend and the
+# sharded optimizer append to it).
+_CORRUPTIONS: list[CorruptionEvent] = []
+
+
+def note_corruption(error, where: str, action: str) -> CorruptionEvent:
+    """Records a ``SilentCorruptionError`` and what was done about it, and prints one line on
+    stderr (every rank sees the same error, so every rank prints it)."""
+    event = CorruptionEvent(step=error.step, ranks=list(getattr(error, "ranks", [])), where=where, action=action)
+    _CORRUPTIONS.append(event)
+    print(f"ftcomm: {where} step {error.step} voided by silent data corruption (ranks {event.ranks}): {action}",
+          file=sys.stderr, flush=True)
+    return event
+
+
+def corruptions() -> list[CorruptionEvent]:
+    """The corruption events of this process so far (a copy)."""
+    return list(_CORRUPTIONS)

@@ -7,7 +7,8 @@ spec is a comma-separated list of key=value pairs; several specs are separated b
 
 Keys: ``rank`` (MPI_COMM_WORLD rank; default every rank), ``point`` (required), ``step``,
 ``ring_step``, ``chunk`` (default any), ``kind`` = kill (SIGKILL, default), exit (exit status 1),
-hang (sleeps forever), stop (SIGSTOP).
+hang (sleeps forever), stop (SIGSTOP), bitflip (one bit of the ring chunk that just arrived, once:
+silent corruption in transit; at ``reduce_scatter`` and ``allgather`` only).
 
 Points in the allreduce: ``before`` (before any communication), ``reduce_scatter`` and
 ``allgather`` (after receiving chunk ``chunk`` of ring step ``ring_step``), ``commit`` (just before

@@ -7,6 +7,9 @@ ULFM agreement (MPIX_Comm_agree, an AND over the live ranks) decides: all go on,
     with agreed(comm, f"step {step}", step=step, on_abort=store.discard_pending):
         update(); allgather(); replicate()          # an FtError here fails this rank's part
 
+``redone_on_corruption``: a step voided by silent data corruption (the same
+``SilentCorruptionError`` on every rank, buffers as before, nobody failed) is simply run again.
+
 ``retrying``: recover from a failure and run the interrupted phase again, as often as failures
 come, up to a limit (recovery from a failure during recovery).
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..errors import FtError, ProcFailedError, RevokedError
+from ..errors import FtError, ProcFailedError, RevokedError, SilentCorruptionError
 
 
 class Outcome:
@@ -112,3 +115,24 @@ def retrying(max_attempts: int | None = 8, *, retry_on=(ProcFailedError, Revoked
             raise attempt.error
         if on_failure is not None:
             on_failure(attempt.error)
+
+
+def redone_on_corruption(fn, where: str, attempts: int = 3):
+    """Returns ``fn()``; when it raises ``SilentCorruptionError`` (uniform: every rank raised it,
+    nothing committed, buffers bitwise as before) runs it again, ``attempts`` times in all. Each
+    time is recorded (``events.note_corruption``).
+
+    Raises:
+        SilentCorruptionError: the last one, when every attempt was corrupted (corruption that
+            repeats is not transient: a faulty rank, to be fenced by the caller's policy).
+    """
+    from .events import note_corruption
+
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except SilentCorruptionError as error:
+            last = attempt == attempts - 1
+            note_corruption(error, where, "raised" if last else "redone")
+            if last:
+                raise

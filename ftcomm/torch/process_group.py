@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from .. import settings
 from ..core.events import between
-from ..core.outcome import agreed, retrying
+from ..core.outcome import agreed, redone_on_corruption, retrying
 from ..errors import FtError, ProcFailedError, RevokedError
 from ..membership import spares
 from .device import Staging
@@ -217,7 +217,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
         for attempt in retrying(None, on_failure=recover_or_raise):
             with attempt:
-                self._attempt(self.comm, name, fn, uniform)
+                redone_on_corruption(lambda: self._attempt(self.comm, name, fn, uniform), name)
 
     def _attempt(self, comm, name: str, fn, uniform: bool) -> None:
         if uniform or not comm.ft_enabled:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..core import fault
-from ..core.outcome import agreed, retrying
+from ..core.outcome import agreed, redone_on_corruption, retrying
 from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
 from ..membership import nodes
 from . import rebuild as _rebuild
@@ -227,7 +227,8 @@ class ShardedOptimizer:
         clock = self._start_step()
         summed = np.array(list(stats or []) or [0.0], np.float64)
         self.phase = "allreduce"
-        self.comm.allreduce([self.flat_grad, summed], op=self.grad_op, timeout=self.timeout)
+        redone_on_corruption(lambda: self.comm.allreduce([self.flat_grad, summed], op=self.grad_op,
+                                                         timeout=self.timeout), "gradient allreduce")
         clock.mark("allreduce")
         self._commit_step(meta, clock)
         return summed[: len(list(stats or []))]

@@ -4,6 +4,7 @@ Kills come from FTCOMM_FAULT (point train_step); --checkpoint-dir enables the di
 Reports: "used" (per committed step), "recovered" (per recovery), "state_lost", "done".
 """
 import argparse
+import hashlib
 
 import torch
 
@@ -58,4 +59,6 @@ except ftcomm.StateLostError as lost:
 model.eval()
 acc = float((model(X).argmax(1) == Y).float().mean())
 report(event="done", steps=summary.steps, failures=summary.failures, redone=summary.redone_steps,
-       size=summary.world_size, accuracy=acc, epoch=state.sampler.epoch)
+       size=summary.world_size, accuracy=acc, epoch=state.sampler.epoch,
+       params=hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest(),
+       corruptions=[(e.step, e.ranks, e.action) for e in ftcomm.corruptions()])

@@ -57,4 +57,5 @@ report(kind="final", size=dist.get_world_size(), rank=dist.get_rank(), applied=b
        redone=batches.steps_redone, accuracy=accuracy, params=digest, avg_err=avg_err,
        sampler=[sampler.rank, sampler.num_replicas],
        recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.where, e.step)
-                   for e in ftcomm.torch.recoveries()])
+                   for e in ftcomm.torch.recoveries()],
+       corruptions=[(e.step, e.ranks, e.action) for e in ftcomm.corruptions()])

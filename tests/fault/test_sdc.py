@@ -1,0 +1,86 @@
+"""Silent data corruption in transit: a bit flipped in a ring chunk on arrival (FTCOMM_FAULT
+kind=bitflip). With the transit guard (checksums) every rank raises the same
+SilentCorruptionError naming sender and receiver, its buffer bitwise unchanged, nothing committed;
+the redo on the same communicator equals the numpy reference on every rank. Without the guard the
+flip commits: the test shows what the guard is for."""
+import pytest
+
+from harness import JOBS, run_job
+
+COUNT = 10007  # several 4096-byte chunks per segment at 4 ranks
+
+# (world size, receiving world rank, phase, ring step, chunk)
+FLIPS = [(4, 2, "reduce_scatter", 0, 0), (4, 0, "reduce_scatter", 2, 1), (4, 3, "allgather", 0, 2),
+         (4, 1, "allgather", 2, 0), (3, 1, "reduce_scatter", 1, 0), (2, 0, "allgather", 0, 1)]
+
+
+def _spec(rank, point, ring_step, chunk):
+    return f"rank={rank},point={point},step=1,ring_step={ring_step},chunk={chunk},kind=bitflip"
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("n,rank,point,ring_step,chunk", FLIPS,
+                         ids=[f"n{f[0]}-rank{f[1]}-{f[2]}-{f[3]}-{f[4]}" for f in FLIPS])
+def test_flip_in_transit_is_caught_on_every_rank_and_redone(n, rank, point, ring_step, chunk):
+    dtype, op = ("float32", "sum") if n != 3 else ("int64", "max")
+    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, dtype, op, 1,
+                  env={"FTCOMM_FAULT": _spec(rank, point, ring_step, chunk)}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert sorted(reports) == list(range(n)), job.describe()
+    sender = (rank - 1) % n
+    for rep in reports.values():
+        assert rep["error"] == {"type": "SilentCorruptionError", "step": 1, "ranks": [sender, rank],
+                                "failed_ranks": [], "unchanged": True, "names_ranks": True}, rep
+        assert rep["correct"] is True
+        assert rep["last_committed"] == 1 and rep["size"] == n
+    assert len({rep["digest"] for rep in reports.values()}) == 1
+
+
+@pytest.mark.fault
+def test_without_the_guard_a_flip_commits_silently():
+    n = 4
+    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", 0,
+                  env={"FTCOMM_FAULT": _spec(2, "reduce_scatter", 0, 0)}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert all(rep["error"] is None for rep in reports.values())
+    assert not all(rep["correct"] for rep in reports.values())  # the corrupted sum was committed
+
+
+def _runs(job_file, args, flip, by_rank_kind):
+    """The job's per-rank final reports, failure-free and with ``flip`` (guard on in both)."""
+    out = []
+    for fault in ("", flip):
+        job = run_job(JOBS / job_file, 4, *args, env={"FTCOMM_FAULT": fault, "FTCOMM_CHECKSUMS": "1"}, timeout=120)
+        assert job.returncode == 0, job.describe()
+        out.append(by_rank_kind(job))
+    return out
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_sharded_optimizer_redoes_a_corrupted_step_and_ends_as_the_clean_run():
+    flip = "rank=1,point=reduce_scatter,ring_step=0,chunk=0,kind=bitflip"  # the first guarded allreduce
+    clean, flipped = _runs("elastic_train.py", ["--epochs", 1], flip, lambda job: job.by_rank(event="done"))
+    assert sorted(flipped) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert clean[rank]["corruptions"] == []
+        assert len(flipped[rank]["corruptions"]) == 1
+        _, ranks, action = flipped[rank]["corruptions"][0]
+        assert ranks == [0, 1] and action == "redone"
+        assert flipped[rank]["params"] == clean[rank]["params"]  # bitwise the failure-free run
+        assert flipped[rank]["steps"] == clean[rank]["steps"] and flipped[rank]["failures"] == 0
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_ddp_redoes_a_corrupted_bucket_and_ends_as_the_clean_run():
+    flip = "rank=3,point=allgather,ring_step=1,chunk=0,kind=bitflip"
+    clean, flipped = _runs("torch_ddp_kill.py", ["--epochs", 1], flip, lambda job: job.by_rank(kind="final"))
+    assert sorted(flipped) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert clean[rank]["corruptions"] == []
+        assert [c[1:] for c in flipped[rank]["corruptions"]] == [[[2, 3], "redone"]]
+        assert flipped[rank]["params"] == clean[rank]["params"]
+        assert flipped[rank]["recoveries"] == []
