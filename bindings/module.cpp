@@ -382,6 +382,12 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("point"), py::arg("world_rank"), py::arg("step"), py::arg("ring_step") = -1,
         py::arg("chunk") = -1);
+  m.def("fault_flip",
+        [](const std::string& point, int world_rank, int64_t step, uintptr_t address, size_t nbytes) {
+          return ftcomm::fault::Flip(point.c_str(), world_rank, step, -1, -1, reinterpret_cast<void*>(address), nbytes);
+        },
+        py::arg("point"), py::arg("world_rank"), py::arg("step"), py::arg("address"), py::arg("nbytes"),
+        "Flips one bit of the nbytes at address if a bitflip spec matches (once); returns whether it did.");
 
   m.def("watchdog_arm",
         [](double seconds, const std::string& what, bool exit_clean) {

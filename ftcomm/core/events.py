@@ -112,12 +112,17 @@ _CORRUPTIONS: list[CorruptionEvent] = []
 
 
 def note_corruption(error, where: str, action: str) -> CorruptionEvent:
-    """Records a ``SilentCorruptionError`` and what was done about it, and prints one line on
-    stderr (every rank sees the same error, so every rank prints it)."""
-    event = CorruptionEvent(step=error.step, ranks=list(getattr(error, "ranks", [])), where=where, action=action)
+    """Records a ``SilentCorruptionError`` and what was done about it (``record_corruption``)."""
+    return record_corruption(CorruptionEvent(step=error.step, ranks=list(getattr(error, "ranks", [])), where=where,
+                                             action=action))
+
+
+def record_corruption(event: CorruptionEvent) -> CorruptionEvent:
+    """Keeps ``event`` for ``corruptions()`` and prints one line on stderr (every rank sees the
+    same event, so every rank prints it)."""
     _CORRUPTIONS.append(event)
-    print(f"ftcomm: {where} step {error.step} voided by silent data corruption (ranks {event.ranks}): {action}",
-          file=sys.stderr, flush=True)
+    print(f"ftcomm: silent data corruption at {event.where}, step {event.step}, world ranks {event.ranks} "
+          f"({event.checked}): {event.action}", file=sys.stderr, flush=True)
     return event
 
 

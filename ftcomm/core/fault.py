@@ -18,6 +18,7 @@ the commit agreement). The training layer adds ``replicate``, ``shrink``, ``rebu
 from __future__ import annotations
 
 from .. import _C, settings
+from .buffers import raw as raw_buffer
 from .codes import FAULT_KINDS as KINDS
 _INT_KEYS = ("rank", "step", "ring_step", "chunk")
 
@@ -57,6 +58,14 @@ def clear() -> None:
 def point(name: str, world_rank: int, step: int) -> None:
     """A fault point in Python code (the training layer's phases)."""
     _C.fault_point(name, world_rank, step)
+
+
+def flip(name: str, world_rank: int, step: int, buf) -> bool:
+    """A bitflip point in Python code: if a ``kind=bitflip`` spec names it, flips one bit of
+    ``buf`` (a contiguous numpy array or CPU tensor, written in place) once. Returns whether it
+    flipped."""
+    address, nbytes = raw_buffer(buf, writable=True)
+    return bool(_C.fault_flip(name, world_rank, step, address, nbytes))
 
 
 def load_from_env() -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from . import join, resplit
+from .divergence import DivergenceGuard
 from .executor import EXECUTOR
 from .process_group import ftcomm_group
 from .step_state import STATE, install_hook
@@ -58,6 +59,11 @@ class ResilientLoader:
             further objects with ``state_dict()`` / ``load_state_dict()`` (an LR scheduler, a
             GradScaler). Needed with spare ranks (``ftcomm-run --spares``): a promoted spare gets
             their state from the survivors (``join.py``). Unused otherwise.
+        check_every: every so many applied steps, fingerprint the model and optimizer state
+            on every rank and compare (``divergence.py``): a rank whose state silently diverged
+            is repaired from the majority, fenced if it diverges again within ``fence_window``
+            applied steps; without a majority every rank raises ``SilentCorruptionError``.
+            0 (default): never.
 
     Attributes:
         steps_applied: steps whose optimizer update went through (on a promoted spare, counted
@@ -74,7 +80,11 @@ class ResilientLoader:
             raised on every rank before the first batch.
     """
 
-    def __init__(self, loader, process_group=None, *, model=None, optimizer=None, extra_state=()):
+    def __init__(self, loader, process_group=None, *, model=None, optimizer=None, extra_state=(),
+                 check_every: int = 0, fence_window: int = 1000):
+        if check_every and model is None:
+            raise ValueError("ftcomm.torch.resilient: check_every needs model= (and optimizer=) to fingerprint")
+        self._divergence = DivergenceGuard(check_every, fence_window)
         self.loader = loader
         self._pg = process_group
         self.model, self.optimizer, self.extra_state = model, optimizer, list(extra_state)
@@ -230,6 +240,7 @@ class ResilientLoader:
                 else:
                     self.steps_applied += 1
                     used += 1
+                    self._divergence.after_step(pg, self.model, self.optimizer, self.steps_applied)
                 if pg.generation == generation:
                     continue
                 if can_resplit:  # the world changed during this step
@@ -251,8 +262,11 @@ class ResilientLoader:
                 STATE.joinable -= joinable
 
 
-def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_state=()) -> ResilientLoader:
+def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_state=(), check_every: int = 0,
+              fence_window: int = 1000) -> ResilientLoader:
     """``for batch in ftcomm.torch.resilient(loader):`` -- iterate a DataLoader so that a step
     interrupted by a rank failure is redone over the survivors. With spare ranks, pass ``model``
-    and ``optimizer`` and loop over ``.epochs(E)``. See ``ResilientLoader``."""
-    return ResilientLoader(loader, process_group, model=model, optimizer=optimizer, extra_state=extra_state)
+    and ``optimizer`` and loop over ``.epochs(E)``; ``check_every=M`` compares the ranks' state
+    every M steps (silent corruption at rest). See ``ResilientLoader``."""
+    return ResilientLoader(loader, process_group, model=model, optimizer=optimizer, extra_state=extra_state,
+                           check_every=check_every, fence_window=fence_window)

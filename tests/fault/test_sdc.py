@@ -84,3 +84,34 @@ def test_ddp_redoes_a_corrupted_bucket_and_ends_as_the_clean_run():
         assert [c[1:] for c in flipped[rank]["corruptions"]] == [[[2, 3], "redone"]]
         assert flipped[rank]["params"] == clean[rank]["params"]
         assert flipped[rank]["recoveries"] == []
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_ddp_rank_whose_parameters_flipped_is_repaired_from_the_majority():
+    flip = "rank=2,point=params,step=3,kind=bitflip"  # rank 2's memory, right after applied step 3
+    args = ["--epochs", 1, "--check-every", 1]
+    clean, flipped = _runs("torch_ddp_kill.py", args, flip, lambda job: job.by_rank(kind="final"))
+    for rank in range(4):
+        assert clean[rank]["corruptions"] == []
+        assert flipped[rank]["corruptions"] == [[3, [2], "repaired from world rank 0"]]
+        assert flipped[rank]["params"] == clean[rank]["params"]  # repaired before the next step: bitwise
+        assert flipped[rank]["size"] == 4
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_ddp_rank_that_diverges_again_is_fenced_and_the_group_goes_on():
+    flips = "rank=2,point=params,step=3,kind=bitflip;rank=2,point=params,step=6,kind=bitflip"
+    job = run_job(JOBS / "torch_ddp_kill.py", 4, "--epochs", 1, "--check-every", 1,
+                  env={"FTCOMM_FAULT": flips}, timeout=120)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    assert "world rank 2 fences itself" in job.stderr
+    for rep in finals.values():
+        assert rep["size"] == 3
+        assert [c[1:] for c in rep["corruptions"]] == [
+            [[2], "repaired from world rank 0"], [[2], "fenced world ranks [2] (diverged again within 1000 steps)"]]
+        assert [r[0] for r in rep["recoveries"]] == [[2]]
+    assert len({rep["params"] for rep in finals.values()}) == 1

@@ -17,6 +17,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--samples", type=int, default=384)
 parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--check-every", type=int, default=0)
+parser.add_argument("--fence-window", type=int, default=1000)
 args = parser.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -28,7 +30,8 @@ X, Y, sampler, loader = ddp_toy_data(args.samples, args.batch)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
 ddp = DDP(model)
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-batches = ftcomm.torch.resilient(loader)
+batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, check_every=args.check_every,
+                                 fence_window=args.fence_window)
 
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
