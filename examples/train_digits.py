@@ -151,10 +151,11 @@ def report(args, summary, accuracy, wall, events) -> None:
     print(f"test accuracy {accuracy:.4f} after {summary.steps} steps, {wall:.1f} s, "
           f"world size {summary.world_size}, {summary.failures} failure(s), {summary.redone_steps} step(s) redone")
     print(f"peak RSS of rank 0: {summary.peak_rss_bytes / 2**20:.1f} MiB, replicas held: {summary.replica_bytes} bytes")
-    if events:
+    shown = [e for e in events if e["event"] not in ("start", "commit", "end")]  # ftcomm-report draws those
+    if shown:
         print("recovery timeline:")
-        start = events[0]["time"]
-        for e in events:
+        start = shown[0]["time"]
+        for e in shown:
             detail = {k: round(v, 4) if isinstance(v, float) else v for k, v in e.items()
                       if k not in ("time", "event", "rank", "detected_time", "old_to_new") and v not in (None, [], False)}
             print(f"  +{e['time'] - start:8.4f} s  rank {e['rank']}  {e['event']:<13} {json.dumps(detail)}")
