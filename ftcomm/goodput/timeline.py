@@ -89,8 +89,11 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
                  f"world size {summary.initial_size} -> {summary.final_size}, goodput {summary.goodput:.3f}")
     handles, names = ax.get_legend_handles_labels()
     unique = dict(zip(names, handles))
-    if unique:
-        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper right", ncol=len(unique))
+    from matplotlib.lines import Line2D
+
+    unique["rank died"] = Line2D([], [], marker="x", color="tab:red", ls="", mew=2)
+    unique["spare joined"] = Line2D([], [], marker="o", color="tab:green", ls="")
+    unique["committed step"] = Line2D([], [], marker="|", color="0.45", ls="", ms=8)
 
     size_ax = fig.add_subplot(grid[1, :], sharex=ax)
     commits = run.of("commit", summary.reference_rank)
@@ -105,6 +108,7 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
     for f in summary.failures:
         size_ax.axvline(f.fail_time - t0, color="tab:red", ls=":", lw=1)
     size_ax.set_xlabel(f"seconds since the start of world rank {summary.reference_rank}")
+    size_ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right", ncol=3)
 
     for i, f in enumerate(zooms):
         zax = fig.add_subplot(grid[2, i])
