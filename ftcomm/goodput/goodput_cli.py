@@ -70,7 +70,7 @@ def parse_args(argv=None):
     s.add_argument("--spare-nodes", type=int, help="a fixed number of spare nodes instead")
     s.add_argument("--regrow-below", type=float, help="planned restart below this share of the nodes (default: "
                                                       "1 - sqrt(2 (C + R) / node MTBF))")
-    s.add_argument("--disk-interval-s", type=float, help="ftcomm's disk checkpoint interval (default Young/Daly on "
+    s.add_argument("--disk-interval-s", type=float, help="ftcomm's disk checkpoint interval (default the optimum for "
                                                          "the events that need the disk)")
     s.add_argument("--replica-group-nodes", type=int, default=1, help="torchft: nodes per replica group")
     s.add_argument("--horizon-days", type=float, default=30.0, help="length of each simulated run")

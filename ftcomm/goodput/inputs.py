@@ -236,8 +236,9 @@ class Policy:
         regrow_below: when failures have shrunk the job below this fraction of its nodes, it
             writes a checkpoint and restarts at full size (a planned restart). None: the
             threshold that balances the two, ``model.regrow_threshold``.
-        disk_interval_s: compute time between ftcomm's disk checkpoints. None: Young/Daly on the
-            rate of events that need the disk (``model.ftcomm_disk_interval``).
+        disk_interval_s: compute time between ftcomm's disk checkpoints. None: the optimum for the
+            rate of events that need the disk (``model.ftcomm_disk_interval``, Young/Daly's to
+            first order).
         replica_group_nodes: idealized torchft: nodes per replica group.
     """
 

@@ -156,42 +156,58 @@ class _Events:
         self.memory = 1 - self.fatal - self.disk
 
 
+def _rollbacks(cluster: Cluster, costs: Costs, k: int) -> tuple[float, float]:
+    """(rate, mean stall) of the events after which ftcomm redoes work since its last disk
+    checkpoint: its disk fallbacks (stall ``Costs.disk_stall_s``) and the events that end the job
+    (stall R)."""
+    ev = _Events(cluster, costs, k)
+    share = ev.disk + ev.fatal
+    if share <= 0:
+        return 0.0, 0.0
+    return cluster.event_rate * share, (ev.disk * costs.disk_stall_s() + ev.fatal * costs.restart_s) / share
+
+
 def ftcomm_disk_interval(cluster: Cluster, costs: Costs, policy: Policy) -> float:
-    """Compute seconds between ftcomm's disk checkpoints: ``policy.disk_interval_s``, else Young/Daly
-    on the events that need the disk (``disk_fallback_rate`` and the fatal ones): sqrt(2 C (M_d +
-    R_d)), M_d their mean time apart, R_d their mean stall. ``math.inf`` when none can happen."""
+    """Compute seconds between ftcomm's disk checkpoints: ``policy.disk_interval_s``, else the
+    optimum of Daly's complete model (``exact_optimal_interval``) for the events that need the
+    disk (``_rollbacks``: the disk fallbacks and the fatal events), which is Young/Daly's
+    sqrt(2 C (M + R)) to first order. ``math.inf`` when no event needs it."""
     if policy.disk_interval_s is not None:
         return policy.disk_interval_s
-    ev = _Events(cluster, costs, policy.k)
-    rate = cluster.event_rate * (ev.disk + ev.fatal)
+    rate, _ = _rollbacks(cluster, costs, policy.k)
     if rate <= 0:
         return math.inf
-    stall = (ev.disk * costs.disk_stall_s() + ev.fatal * costs.restart_s) / (ev.disk + ev.fatal)
-    return young_daly_interval(costs.checkpoint_s, 1 / rate, stall)
+    return exact_optimal_interval(costs.checkpoint_s, 1 / rate)
 
 
 def ftcomm_ettr(cluster: Cluster, costs: Costs, policy: Policy, spares: bool = False) -> dict:
-    """Expected ETTR of a long run with ftcomm (first order in the failure rate; ``montecarlo``
-    simulates the same process exactly).
+    """Expected ETTR of a long run with ftcomm (``montecarlo`` simulates the same process event
+    by event; the tests hold the two together).
 
     The process: failure events at rate Lambda (``Cluster.event_rate``). An event ends the job
     (probability ``fatal``: a one-node job, a group as big as the job, ``fatal_fraction``): a
-    restart, R seconds, losing the work since the last checkpoint. Otherwise it loses a shard and
-    its replicas with probability ``disk`` (``disk_fallback_rate``): the survivors read the disk
-    checkpoint (``Costs.disk_stall_s``) and redo the work since it. Otherwise an in-memory
-    recovery (``Costs.memory_stall_s``). With ``spares`` the first ``policy.spare_nodes`` lost
-    nodes are replaced, then the job shrinks; below ``policy.regrow_below`` of its nodes it
-    writes a checkpoint and restarts at full size (C + R). A stall of length L that starts at an
-    event leaves e^(-Lambda L) of the time to the next event productive (exponential gaps). Disk
-    checkpoints every T_d compute seconds cost C each (T_d / (T_d + C) of the productive time)
-    and a fallback loses T_d / 2 on average. Replication costs k x the k=1 share of a step. Time
-    at a shrunk size counts at its capacity (nodes left / nodes).
+    restart, R seconds, redoing the work since the last disk checkpoint. Otherwise it loses a
+    shard and its replicas with probability ``disk`` (``disk_fallback_rate``): the survivors read
+    the disk checkpoint (``Costs.disk_stall_s``) and redo the work since it. Otherwise an
+    in-memory recovery (``Costs.memory_stall_s``). With ``spares`` the first
+    ``policy.spare_nodes`` lost nodes are replaced, then the job shrinks; below
+    ``policy.regrow_below`` of its nodes it writes a checkpoint and restarts at full size (C + R).
+
+    ETTR = mean capacity x (1 - k x replication share) x M x D, where
+    * mean capacity: nodes left / nodes over a cycle between restarts (time at a shrunk size
+      counts at that share of the full size's throughput);
+    * M = 1 - Lambda (p_memory L + planned (C + R)): the time not spent in in-memory recoveries
+      of L seconds and planned restarts (``planned`` of them per event; first order);
+    * D = ``checkpoint_restart_ettr``(T_d, C, R_d, 1 / mu): Daly's complete model for the events
+      that roll back to the disk checkpoint (rate mu, mean stall R_d, ``_rollbacks``), with
+      checkpoints every T_d compute seconds (``ftcomm_disk_interval``); T_d / (T_d + C) when no
+      event rolls back.
 
     Returns:
-        dict: ``ettr`` and its factors (``mean_capacity``, ``productive_fraction``,
-        ``checkpoint_factor``, ``replication_factor``, ``lost_to_disk``), the probabilities per
-        event (``p_memory``, ``p_disk``, ``p_fatal``), ``disk_interval_s``, ``regrow_below``,
-        ``events_per_cycle`` and ``planned_restarts_per_day``.
+        dict: ``ettr`` and its factors (``mean_capacity``, ``replication_factor``,
+        ``memory_factor``, ``disk_factor``), the probabilities per event (``p_memory``,
+        ``p_disk``, ``p_fatal``), ``disk_interval_s``, ``regrow_below``, ``events_per_cycle``,
+        ``planned_restarts_per_day`` and ``memory_stall_s``.
     """
     n, lam, ell = cluster.nodes, cluster.event_rate, cluster.nodes_per_event
     ev = _Events(cluster, costs, policy.k)
@@ -209,17 +225,17 @@ def ftcomm_ettr(cluster: Cluster, costs: Costs, policy: Policy, spares: bool = F
     share_spare = float(weights[ell * np.arange(1, n_cycle + 1) <= spare].sum() / length)
     stall_mem = share_spare * costs.memory_stall_s(True) + (1 - share_spare) * costs.memory_stall_s(False)
     planned = s ** n_cycle / length  # planned restarts per event
+    c, r = costs.checkpoint_s, costs.restart_s
+    memory = max(0.0, 1 - lam * (ev.memory * stall_mem + planned * (c + r)))
     t_d = ftcomm_disk_interval(cluster, costs, policy)
-    c = costs.checkpoint_s
-    productive = (ev.memory * math.exp(-lam * stall_mem) + ev.disk * math.exp(-lam * costs.disk_stall_s())
-                  + ev.fatal * math.exp(-lam * costs.restart_s)
-                  + planned * (math.exp(-lam * (stall_mem + c + costs.restart_s)) - math.exp(-lam * stall_mem)))
-    ckpt_factor = 1.0 if math.isinf(t_d) else t_d / (t_d + c)
-    lost_to_disk = 0.0 if math.isinf(t_d) else lam * (ev.disk + ev.fatal) * t_d / 2
+    mu, stall_rb = _rollbacks(cluster, costs, policy.k)
+    if mu > 0:
+        disk = checkpoint_restart_ettr(t_d, c, stall_rb, 1 / mu)
+    else:
+        disk = 1.0 if math.isinf(t_d) else t_d / (t_d + c)
     replication = max(0.0, 1 - policy.k * costs.replication_share)
-    ettr = mean_capacity * replication * max(0.0, productive * ckpt_factor - lost_to_disk)
-    return {"ettr": ettr, "mean_capacity": mean_capacity, "productive_fraction": productive,
-            "checkpoint_factor": ckpt_factor, "replication_factor": replication, "lost_to_disk": lost_to_disk,
+    return {"ettr": mean_capacity * replication * memory * disk, "mean_capacity": mean_capacity,
+            "replication_factor": replication, "memory_factor": memory, "disk_factor": disk,
             "p_memory": ev.memory, "p_disk": ev.disk, "p_fatal": ev.fatal, "disk_interval_s": t_d,
             "regrow_below": theta, "events_per_cycle": n_cycle,
             "planned_restarts_per_day": planned * lam * DAY_S, "memory_stall_s": stall_mem}

@@ -71,8 +71,9 @@ def simulate_ftcomm(clusters: list[Cluster], costs: Costs, policy: Policy, spare
     nodes, probability ``model.single_failure_loss_probability``). Spares replace lost nodes
     while they last, then the job shrinks; a planned restart (C + R) brings it back to full size
     below ``regrow_below`` (``spare_nodes``: spares of each cluster, default
-    ``policy.spare_nodes``). A new event during a stall starts its recovery over (the rest of the
-    earlier stall is dropped, as in Daly's model). Work is counted in full-size compute seconds
+    ``policy.spare_nodes``). An event during a stall makes the stall last until the later of the
+    two ends (a failure during a restart starts the restart over, as in Daly's model; an
+    in-memory recovery during a restart adds nothing). Work is counted in full-size compute seconds
     (capacity x (1 - k x replication share)); a disk fallback or a restart loses the work since
     the last completed disk checkpoint.
 
@@ -113,6 +114,7 @@ def simulate_ftcomm(clusters: list[Cluster], costs: Costs, policy: Policy, spare
         gap = rng.standard_exponential(shape) / rate
         span = np.where(live, np.minimum(gap, horizon_s - t), 0.0)
         productive = np.clip(span - stall, 0.0, None)
+        remaining = np.clip(stall - span, 0.0, None)  # of a stall the next event interrupts
         speed = (1 - shrunk / n) * repl
         compute, a, done, after = _advance(a, productive, t_d, c)
         work += compute * speed
@@ -139,7 +141,7 @@ def simulate_ftcomm(clusters: list[Cluster], costs: Costs, policy: Policy, spare
         a = np.where(fatal | disk | planned, 0.0, a)
         shrunk = np.where(reset, 0.0, shrunk)
         spares_left = np.where(reset, spare0, spares_left)
-        stall = np.where(happens, new_stall, stall)
+        stall = np.where(happens, np.maximum(remaining, new_stall), stall)
         counts["events"] += happens
         counts["disk_fallbacks"] += disk
         counts["fatal"] += fatal
