@@ -70,7 +70,12 @@ def lambert_w0(x: float) -> float:
 def exact_optimal_interval(checkpoint_s: float, mtbf_s: float) -> float:
     """The interval T that maximizes ``checkpoint_restart_ettr``: setting its derivative to zero
     gives e^((T+C)/M) (1 - T/M) = 1, so T = M (1 + W0(-e^(-1 - C/M))) (seconds). It does not
-    depend on R: in the exact model R only scales the wall time by e^(R/M)."""
+    depend on R: in the exact model R only scales the wall time by e^(R/M). Near the branch
+    point (C/M < 5e-5, where -e^(-1 - C/M) rounds to -1/e) W0's series in p = sqrt(2 (1 -
+    e^(-C/M))) is used: 1 + W0 = p - p^2/3 + 11 p^3/72 - 43 p^4/540 (error below p^5)."""
+    p = math.sqrt(-2 * math.expm1(-checkpoint_s / mtbf_s))
+    if p < 1e-2:
+        return mtbf_s * (p - p * p / 3 + 11 * p ** 3 / 72 - 43 * p ** 4 / 540)
     return mtbf_s * (1 + lambert_w0(-math.exp(-1 - checkpoint_s / mtbf_s)))
 
 

@@ -180,7 +180,8 @@ def draw_sweep(result: dict, path) -> None:
         s = result["strategies"][key]
         ax.plot(sizes, s["analytic"], color=color, label=NAMES[key])
         mean = np.array(s["mc_mean"])
-        ax.errorbar(sizes, mean, yerr=[mean - np.array(s["mc_p05"]), np.array(s["mc_p95"]) - mean], fmt="o",
+        spread = [np.clip(mean - np.array(s["mc_p05"]), 0, None), np.clip(np.array(s["mc_p95"]) - mean, 0, None)]
+        ax.errorbar(sizes, mean, yerr=spread, fmt="o",
                     color=color, ms=3, capsize=2, lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("world size (ranks)")

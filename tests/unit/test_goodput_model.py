@@ -39,6 +39,16 @@ def test_exact_optimum_is_the_argmax_of_the_analytic_ettr():
     # first order is off by more than 2% at C/M = 1/60, Daly's higher order is not
     assert abs(model.young_daly_interval(c, m, r) / best - 1) > 0.02
     assert model.daly_higher_order_interval(c, m) == pytest.approx(best, rel=1e-3)
+    # near W0's branch point (rare failures: M / C = 10^10) the series takes over from Halley
+    assert model.exact_optimal_interval(60.0, 6e11) == pytest.approx(math.sqrt(2 * 60 * 6e11) - 40, rel=1e-9)
+    c_small = -math.log(1 - 0.0099 ** 2 / 2)  # just inside the series' range, where Halley still converges
+    assert model.exact_optimal_interval(c_small, 1.0) == pytest.approx(1 + model.lambert_w0(-math.exp(-1 - c_small)),
+                                                                       rel=1e-8)
+    # k = 3 with independent failures: a disk fallback every ~10^15 days, a disk interval of years
+    k1 = model.ftcomm_ettr(Cluster(10_000), COSTS, Policy(k=1), False)
+    k3 = model.ftcomm_ettr(Cluster(10_000), COSTS, Policy(k=3), False)
+    assert k3["disk_interval_s"] > 1e9 and k3["disk_factor"] > 0.9999
+    assert k3["ettr"] / k1["ettr"] == pytest.approx((1 - 3 * 0.046) / (1 - 0.046), rel=1e-3)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
