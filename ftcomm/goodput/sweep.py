@@ -187,8 +187,12 @@ def draw_sweep(result: dict, path) -> None:
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("ETTR")
     inp = result["inputs"]
+    c = inp["costs"]
     ax.set_title(f"node MTBF {inp['cluster']['node_mtbf_s'] / 3600:.0f} h, {inp['cluster']['ranks_per_node']} ranks/node, "
-                 f"k={inp['policy']['k']}\nlines: closed form; dots: Monte Carlo mean and 5-95%", fontsize=9)
+                 f"k={inp['policy']['k']}; step {c['step_s']:.3g} s, replication {c['replication_share']:.1%}, "
+                 f"detection {c['detection_s']:.3g} s,\nagree+shrink {c['agree_shrink_s']:.3g} s, checkpoint "
+                 f"{c['checkpoint_s']:.3g} s, restart {c['restart_s']:.3g} s; "
+                 "lines: closed form, dots: Monte Carlo mean and 5-95%", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     disk = result["disk_fallback_per_day"]
