@@ -12,6 +12,8 @@ SIGKILLs itself at the start of training step STEP. The survivors recover, re-sh
 size stays 4 (``--policy spares``, with ``ftcomm-run --spares S``; spares have world ranks 4, 5, ...);
 at the end rank 0 prints the test accuracy, the recovery timeline and the MTTR (kill to the
 first committed step after it), and one JSON summary line (prefix ``SUMMARY``).
+``ftcomm-report results/train_digits`` draws the run's timeline and sums up what its failures
+cost (docs/GOODPUT.md).
 """
 from __future__ import annotations
 
