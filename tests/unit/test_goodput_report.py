@@ -1,6 +1,7 @@
 """ftcomm-report on synthetic event logs whose every number is known: the summary, the costs it
 hands to ftcomm-goodput, the picture, and its errors."""
 import json
+import os
 import sys
 
 import pytest
@@ -119,23 +120,29 @@ def test_disk_fallback_without_kill_events(tmp_path):
     assert costs(s)["results"][0]["disk_fallback"]["failures"] == 1
 
 
-def test_cli_writes_picture_and_json(tmp_path, capsys):
+def test_cli_summary_and_json(tmp_path, capsys):
     _write(tmp_path, "77.", kill_run())
     _write(tmp_path, "12.", kill_run()[:8])  # an older, other run in the same directory
-    import os
     for p in tmp_path.glob("12.*"):
         os.utime(p, (1, 1))
     assert sorted(find_runs(tmp_path)) == ["12.", "77."]
-    assert report_cli.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert report_cli.main([str(tmp_path), "--no-plot", "--out", str(tmp_path / "out")]) == 0
     text = capsys.readouterr().out
     assert "run 77.:" in text and "goodput 0.7143" in text and "260.0" in text  # MTTR in ms
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["goodput"] == approx(0.9 / 1.26)
+    assert not (tmp_path / "out" / "timeline.png").exists()
+    assert report_cli.main([str(tmp_path), "--run", "12", "--no-plot", "--out", str(tmp_path / "o2")]) == 1
+    assert "no steady step" in capsys.readouterr().err  # run 12 stops after its first step
+
+
+def test_cli_draws_the_timeline(tmp_path):
+    pytest.importorskip("matplotlib")  # the bench and demo extras install it
     from matplotlib.image import imread
 
+    _write(tmp_path, "77.", kill_run())
+    assert report_cli.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     image = imread(tmp_path / "out" / "timeline.png")
     assert image.shape[0] > 300 and image.shape[1] > 1000
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["goodput"] == approx(0.9 / 1.26)
-    assert report_cli.main([str(tmp_path), "--run", "77", "--no-plot", "--out", str(tmp_path / "o2")]) == 0
-    assert not (tmp_path / "o2" / "timeline.png").exists()
 
 
 def test_errors(tmp_path, capsys, monkeypatch):
