@@ -231,3 +231,13 @@ def test_sweep_cli(tmp_path, capsys):
     assert "10000   1250        1.00" in text and "recommended" in text
     assert goodput_cli.main(["sweep", "--costs", str(tmp_path / "none.json"), "--no-plot"]) == 1
     assert "No such file" in capsys.readouterr().err
+
+
+def test_sweep_cli_without_matplotlib(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from ftcomm.goodput import goodput_cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert goodput_cli.main(["sweep", "--costs", str(tmp_path / "x.json")]) == 2
+    assert "drawing needs matplotlib: pip install 'ftcomm[bench]'" in capsys.readouterr().err
