@@ -29,7 +29,8 @@ place, so the world size stays N; ``respawn`` falls back to shrink where MPI_Com
 unreliable (Open MPI 5.0.x, docs/SPARES.md), and the result says so.
 
 Replication overhead = replicate phase / whole step (the median over steady steps). Writes
-``OUT/mttr.json`` and ``OUT/mttr_timeline.png``.
+``OUT/mttr.json`` and ``OUT/mttr_timeline.png``; ``ftcomm-goodput --costs OUT/mttr.json`` models
+runs at cluster scale from it (docs/GOODPUT.md).
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ SIGKILLs itself at the start of training step STEP. The survivors recover, re-sh
 size stays 4 (``--policy spares``, with ``ftcomm-run --spares S``; spares have world ranks 4, 5, ...);
 at the end rank 0 prints the test accuracy, the recovery timeline and the MTTR (kill to the
 first committed step after it), and one JSON summary line (prefix ``SUMMARY``).
+``ftcomm-report results/train_digits`` draws the run's timeline and sums up what its failures
+cost (docs/GOODPUT.md).
 """
 from __future__ import annotations
 
@@ -151,10 +153,11 @@ def report(args, summary, accuracy, wall, events) -> None:
     print(f"test accuracy {accuracy:.4f} after {summary.steps} steps, {wall:.1f} s, "
           f"world size {summary.world_size}, {summary.failures} failure(s), {summary.redone_steps} step(s) redone")
     print(f"peak RSS of rank 0: {summary.peak_rss_bytes / 2**20:.1f} MiB, replicas held: {summary.replica_bytes} bytes")
-    if events:
+    shown = [e for e in events if e["event"] not in ("start", "commit", "end")]  # ftcomm-report draws those
+    if shown:
         print("recovery timeline:")
-        start = events[0]["time"]
-        for e in events:
+        start = shown[0]["time"]
+        for e in shown:
             detail = {k: round(v, 4) if isinstance(v, float) else v for k, v in e.items()
                       if k not in ("time", "event", "rank", "detected_time", "old_to_new") and v not in (None, [], False)}
             print(f"  +{e['time'] - start:8.4f} s  rank {e['rank']}  {e['event']:<13} {json.dumps(detail)}")

@@ -13,9 +13,10 @@ The loop::
 
 Each recovery is logged as one JSON line, ``{"event": "recovered", ...}`` with the fields of
 ``ftcomm.RecoveryEvent`` (step, lost world ranks, sizes, detection / agree / recover / rebuild
-seconds, bytes moved); rank 0 shows a tqdm bar (step, loss, world size). If a shard and all its
-replicas are lost (StateLostError) the driver falls back to the last disk checkpoint when
-``checkpoint_dir`` is set, else re-raises.
+seconds, bytes moved), each committed step as a ``commit`` line (ftcomm/training/events.py lists
+the kinds; ``ftcomm-report`` draws and sums them up); rank 0 shows a tqdm bar (step, loss, world
+size). If a shard and all its replicas are lost (StateLostError) the driver falls back to the
+last disk checkpoint when ``checkpoint_dir`` is set, else re-raises.
 """
 from __future__ import annotations
 
@@ -234,6 +235,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             on_recover(state, summary.events[-1])
     else:
         opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
+    log.record(event="start", step=opt.step_id, world_size=opt.comm.size, total_steps=total,
+               policy=policy or "", replicas=getattr(opt, "replicas", None))
     waiting_first_commit = summary.events[-1] if summary.events else None
     bar = tqdm(total=total, initial=opt.step_id, disable=not progress or opt.comm.rank != 0,
                desc="train", unit="step", dynamic_ncols=True)
@@ -254,6 +257,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             bar.set_postfix(world=opt.comm.size)
             continue
         state.restore(opt.committed_meta)
+        log.record(event="commit", step=opt.step_id, world_size=opt.comm.size,
+                   **{f"{k}_s": round(v, 6) for k, v in getattr(opt, "timing", {}).items()})
         loss = summed[0] if len(summed) > 1 else float("nan")
         summary.losses.append((opt.step_id, float(loss)))
         if waiting_first_commit is not None:
@@ -269,6 +274,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     summary.steps, summary.world_size = opt.step_id, opt.comm.size
     summary.redone_steps = sum(n - 1 for s, n in attempts.items() if s <= opt.step_id)
     summary.peak_rss_bytes, summary.replica_bytes = _peak_rss_bytes(), opt.store.nbytes
+    log.record(event="end", steps=summary.steps, failures=summary.failures, redone_steps=summary.redone_steps,
+               world_size=summary.world_size)
     return summary
 
 

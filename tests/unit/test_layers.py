@@ -21,6 +21,7 @@ LAYERS = {
     "ftcomm.training": 3,
     "ftcomm.torch": 4,
     "ftcomm.launch": 5,
+    "ftcomm.goodput": 5,  # reads logs and models runs: needs no layer below
     "ftcomm": 6,  # the package's facade re-exports every layer
 }
 

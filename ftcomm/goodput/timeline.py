@@ -1,0 +1,125 @@
+"""The recovery timeline picture of one run (``ftcomm-report``), drawn with matplotlib.
+
+Top: one row per world rank, a tick per committed step, each failure's phases on every survivor
+(detection, agreement, shrink or spare round, rebuild, redo) and a cross where a rank died.
+Middle: world size and committed step over time. Bottom: one zoomed panel per failure (the
+first four). The x axis is seconds since the reference rank's start.
+"""
+from __future__ import annotations
+
+from .logs import RunLog
+from .summary import RunSummary
+
+COLORS = {"detection": "tab:red", "agreement": "tab:orange", "shrink / spare round": "gold",
+          "rebuild": "tab:green", "disk restore": "tab:purple", "redo": "tab:blue"}
+MAX_ZOOMS = 4
+
+
+def require_matplotlib():
+    """Imports matplotlib with the Agg backend and returns pyplot.
+
+    Raises:
+        ImportError: matplotlib is not installed, with the install command in the message.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("drawing needs matplotlib: pip install 'ftcomm[bench]' (or matplotlib>=3.7)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _segments(failure, phases):
+    """(label, start, end) in Unix seconds of one survivor's phases of one failure."""
+    detect_end = phases.detected_time - phases.agree_s
+    out = [("detection", failure.fail_time, detect_end), ("agreement", detect_end, phases.detected_time),
+           ("shrink / spare round", phases.detected_time, phases.detected_time + phases.recover_s)]
+    rebuild_start = phases.detected_time + phases.recover_s
+    label = "rebuild" if failure.disk_restore is None else "disk restore"
+    out.append((label, rebuild_start, max(rebuild_start, phases.recovered_time)))
+    if phases.first_commit_time is not None:
+        out.append(("redo", phases.recovered_time, phases.first_commit_time))
+    return [(k, a, b) for k, a, b in out if b > a]
+
+
+def _draw_ranks(ax, run: RunLog, summary: RunSummary, t0: float, rows: dict, zoom=None):
+    for rank, y in rows.items():
+        events = [e for e in run.events if e["rank"] == rank]
+        if not events:
+            continue
+        ax.plot([events[0]["time"] - t0, events[-1]["time"] - t0], [y, y], color="0.85", lw=1, zorder=1)
+        commits = [e["time"] - t0 for e in events if e["event"] == "commit"]
+        ax.plot(commits, [y] * len(commits), "|", color="0.45", ms=7, zorder=2)
+        for e in events:
+            if e["event"] == "joined":
+                ax.plot(e["time"] - t0, y, "o", color="tab:green", ms=6, zorder=4)
+    for f in summary.failures:
+        for rank in f.lost_world_ranks:
+            if rank in rows:
+                ax.plot(f.fail_time - t0, rows[rank], "x", color="tab:red", ms=9, mew=2, zorder=5)
+        for phases in f.survivors:
+            for label, a, b in _segments(f, phases):
+                ax.barh(rows[phases.rank], b - a, left=a - t0, height=0.5, color=COLORS[label], label=label, zorder=3)
+    ax.set_yticks(list(rows.values()), [f"rank {r}" for r in rows])
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.invert_yaxis()
+    if zoom is not None:
+        ax.set_xlim(*zoom)
+
+
+def draw(run: RunLog, summary: RunSummary, path) -> None:
+    """Writes the timeline PNG of ``run`` to ``path``.
+
+    Raises:
+        ImportError: no matplotlib (``require_matplotlib``).
+    """
+    plt = require_matplotlib()
+    t0 = summary.start_time
+    rows = {rank: i for i, rank in enumerate(summary.ranks)}
+    zooms = summary.failures[:MAX_ZOOMS]
+    height = 1.2 + 0.32 * len(rows) + 2.2 + (2.2 if zooms else 0)
+    fig = plt.figure(figsize=(12, height))
+    grid = fig.add_gridspec(3 if zooms else 2, max(1, len(zooms)),
+                            height_ratios=[0.32 * len(rows) + 0.6, 2.0] + ([2.0] if zooms else []))
+    ax = fig.add_subplot(grid[0, :])
+    _draw_ranks(ax, run, summary, t0, rows)
+    ax.set_title(f"run {summary.run_id or '(no prefix)'}: {summary.steps} steps, {len(summary.failures)} failure(s), "
+                 f"world size {summary.initial_size} -> {summary.final_size}, goodput {summary.goodput:.3f}")
+    handles, names = ax.get_legend_handles_labels()
+    unique = dict(zip(names, handles))
+    from matplotlib.lines import Line2D
+
+    unique["rank died"] = Line2D([], [], marker="x", color="tab:red", ls="", mew=2)
+    unique["spare joined"] = Line2D([], [], marker="o", color="tab:green", ls="")
+    unique["committed step"] = Line2D([], [], marker="|", color="0.45", ls="", ms=8)
+
+    size_ax = fig.add_subplot(grid[1, :], sharex=ax)
+    commits = run.of("commit", summary.reference_rank)
+    times = [summary.start_time - t0] + [c["time"] - t0 for c in commits]
+    sizes = [summary.initial_size] + [c["world_size"] for c in commits]
+    size_ax.step(times, sizes, where="post", color="tab:gray", label="world size")
+    size_ax.set_ylabel("world size")
+    size_ax.set_ylim(0, max(sizes) + 1)
+    step_ax = size_ax.twinx()
+    step_ax.plot([c["time"] - t0 for c in commits], [c["step"] for c in commits], color="tab:blue", lw=1)
+    step_ax.set_ylabel("committed step", color="tab:blue")
+    for f in summary.failures:
+        size_ax.axvline(f.fail_time - t0, color="tab:red", ls=":", lw=1)
+    size_ax.set_xlabel(f"seconds since the start of world rank {summary.reference_rank}")
+    size_ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right", ncol=3)
+
+    for i, f in enumerate(zooms):
+        zax = fig.add_subplot(grid[2, i])
+        end = max([f.regained_time or f.recovered_time] + [p.first_commit_time or p.recovered_time for p in f.survivors])
+        pad = 0.5 * f.step_s_after
+        _draw_ranks(zax, run, summary, t0, rows, zoom=(f.last_commit_time - t0 - pad, end - t0 + pad))
+        zax.set_title(f"step {f.step + 1}: lost {f.lost_world_ranks}, MTTR "
+                      + ("-" if f.mttr_s is None else f"{f.mttr_s * 1e3:.0f} ms"), fontsize=9)
+        zax.tick_params(labelsize=7)
+        if i:
+            zax.set_yticklabels([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,46 @@
+"""ftcomm-report on the logs of a real failure-injected run of the digits demo, and the goodput
+model's prediction for that run against what the report measured."""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ftcomm.goodput.inputs import Costs
+from ftcomm.goodput.predict import predict_run
+from harness import REPO, run_job
+
+pytestmark = pytest.mark.fault
+
+
+def test_report_of_a_demo_run_with_two_kills(tmp_path):
+    logs = tmp_path / "logs"
+    res = run_job(REPO / "examples" / "train_digits.py", 4, "--policy", "spares", "--epochs", "3",
+                  "--kill", "1@15", "--kill", "2@40", "--no-progress", "--log-dir", logs,
+                  env={"FTCOMM_TIMEOUT": "30"}, timeout=240, launcher_args=("--spares", "2"))
+    assert res.returncode == 0, res.describe()
+    demo = json.loads(next(l for l in res.stdout.splitlines() if l.startswith("SUMMARY "))[len("SUMMARY "):])
+    out = tmp_path / "report"
+    plot = importlib.util.find_spec("matplotlib") is not None  # the bench and demo extras install it
+    proc = subprocess.run([sys.executable, "-m", "ftcomm.goodput.report_cli", str(logs), "--out", str(out),
+                           *([] if plot else ["--no-plot"])],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["initial_size"], summary["final_size"], summary["policy"], summary["replicas"]) == (4, 4, "spares", 1)
+    assert summary["steps"] == demo["steps"] == 66 and summary["redone_steps"] == demo["redone_steps"] == 2
+    assert summary["ranks"] == [0, 1, 2, 3, 4, 5]
+    failures = summary["failures"]
+    assert [(f["step"] + 1, f["lost_world_ranks"], f["fail_time_from"]) for f in failures] == \
+        [(15, [1], "kill event"), (40, [2], "kill event")]
+    for f, d in zip(failures, demo["mttr"]):
+        assert 0 < f["detection_s"] < f["mttr_s"] < 10 and f["rebuild_s"] > 0 and f["redo_s"] > 0
+        # the demo measures kill -> the first commit of any rank, the report kill -> rank 0's
+        assert f["mttr_s"] == pytest.approx(d["mttr_s"], abs=0.05)
+    assert 0 < summary["lost_s"] < summary["wall_s"] and 0 < summary["goodput"] < 1
+    assert not plot or (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the model, given this run's measured costs, predicts its goodput within 10%
+    costs = Costs.from_json(out / "costs.json", require_disk=False)
+    predicted = predict_run(costs, 4, summary["steps"], len(failures), "spares")["goodput"]
+    assert predicted == pytest.approx(summary["goodput"], rel=0.10), (predicted, summary["goodput"])
