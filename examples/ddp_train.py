@@ -18,6 +18,7 @@ the final numbers (rank 0).
 """
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -48,6 +49,8 @@ def main():
                         help="demo only: SIGKILL world rank RANK inside the gradient allreduce of "
                              "iteration STEP (counted from 0 over the whole run)")
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
+    parser.add_argument("--log-dir", default="results/ddp_train",
+                        help="JSON-lines event logs go here (RUNID.rankN.jsonl; ftcomm-report LOG_DIR draws them)")
     args = parser.parse_args()
 
     dist.init_process_group(args.backend)
@@ -67,7 +70,9 @@ def main():
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
 
-    loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer)  # ftcomm
+    run_id = os.path.basename(ftcomm.settings.run_dir() or "run")  # ftcomm-run's job directory: one per job
+    loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer,  # ftcomm
+                                    log_path=os.path.join(args.log_dir, f"{run_id}.rank{{rank}}.jsonl"))
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
         ddp_model.train()
@@ -75,7 +80,7 @@ def main():
         for xb, yb in loader:
             step = loader.steps_applied + loader.steps_redone  # iterations so far, voided ones included, on a newcomer too
             if args.kill and args.kill[1] == step:  # demo only
-                arm_kill(args.kill[0])
+                arm_kill(args.kill[0], loader)
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(xb), yb)
             loss.backward()
@@ -100,9 +105,12 @@ def main():
     dist.destroy_process_group()
 
 
-def arm_kill(world_rank):
-    """Demo only: world rank ``world_rank`` SIGKILLs itself in the next gradient allreduce."""
+def arm_kill(world_rank, loader):
+    """Demo only: world rank ``world_rank`` SIGKILLs itself in the next gradient allreduce (and
+    logs it first, so that the recovery report times the failure from the kill)."""
     comm = dist.group.WORLD.comm
+    if comm.world_rank == world_rank:
+        loader.record(event="kill", step=loader.steps_applied + 1)
     ftcomm.fault.inject("reduce_scatter", rank=world_rank, step=comm.last_committed_step + 1)
 
 

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import torch
 
+from ..training.events import EventLog
 from . import join, resplit
 from .divergence import DivergenceGuard
 from .executor import EXECUTOR
 from .process_group import ftcomm_group
-from .step_state import STATE, install_hook
+from .step_state import STATE, install_hook, recoveries
 
 
 class ResilientLoader:
@@ -64,6 +65,11 @@ class ResilientLoader:
             is repaired from the majority, fenced if it diverges again within ``fence_window``
             applied steps; without a majority every rank raises ``SilentCorruptionError``.
             0 (default): never.
+        log_path: JSON-lines event log of the run, one file per rank (``{rank}`` is replaced by
+            the world rank), in the elastic driver's format (ftcomm/training/events.py): "start",
+            "commit" per applied step, "recovered" per recovery (its training ``step`` is the
+            last applied one), "first_commit", and "end" when ``epochs()`` finishes. What
+            ``ftcomm-report`` reads. None (default): no log.
 
     Attributes:
         steps_applied: steps whose optimizer update went through (on a promoted spare, counted
@@ -81,10 +87,12 @@ class ResilientLoader:
     """
 
     def __init__(self, loader, process_group=None, *, model=None, optimizer=None, extra_state=(),
-                 check_every: int = 0, fence_window: int = 1000):
+                 check_every: int = 0, fence_window: int = 1000, log_path: str | None = None):
         if check_every and model is None:
             raise ValueError("ftcomm.torch.resilient: check_every needs model= (and optimizer=) to fingerprint")
         self._divergence = DivergenceGuard(check_every, fence_window)
+        self._log_path, self._log = log_path, None
+        self._recoveries_logged = len(recoveries())  # those of earlier loops are not this run's
         self.loader = loader
         self._pg = process_group
         self.model, self.optimizer, self.extra_state = model, optimizer, list(extra_state)
@@ -131,6 +139,8 @@ class ResilientLoader:
                 if set_epoch is not None:
                     set_epoch(epoch)
                 yield epoch
+            self._record(pg, event="end", steps=self.steps_applied, redone_steps=self.steps_redone,
+                         world_size=pg.size())
         finally:
             self._in_epochs = False
             self.epoch = None
@@ -144,6 +154,31 @@ class ResilientLoader:
 
     def _process_group(self):
         return ftcomm_group(self._pg, "ftcomm.torch.resilient")
+
+    def record(self, **event) -> None:
+        """Appends an event of the caller's own to the run's log (``log_path``; nothing without
+        one), e.g. ``record(event="kill", step=s)`` before a planned kill, which the recovery
+        report then times the failure from."""
+        self._record(self._process_group(), **event)
+
+    def _record(self, pg, **event) -> None:
+        """Appends one event to the run's log (``log_path``), if there is one; the first call
+        writes the run's "start" first."""
+        if self._log_path is None:
+            return
+        if self._log is None:
+            self._log = EventLog(self._log_path, pg.comm.world_rank, echo=False)
+            self._log.record(event="start", step=self.steps_applied, world_size=pg.size(), policy=pg.policy)
+        if event:
+            self._log.record(**event)
+
+    def _record_recoveries(self, pg) -> bool:
+        """Logs the recoveries of the step that just ended; True if there were any."""
+        events = recoveries()[self._recoveries_logged:]
+        self._recoveries_logged += len(events)
+        for e in events:
+            self._record(pg, event="recovered", **{**e.as_dict(), "step": self.steps_applied})
+        return bool(events)
 
     def _check_joinable(self, pg, can_resplit: bool) -> bool:
         """With spares, whether a newcomer could join this loop; else raise (every rank runs
@@ -214,6 +249,8 @@ class ResilientLoader:
         redo = None
         install_hook()
         EXECUTOR.drain()
+        self._record(pg)  # the run's start, before its first step
+        waiting_first_commit = False
         with STATE.lock:
             STATE.guards += 1
             STATE.joinable += joinable
@@ -234,12 +271,18 @@ class ResilientLoader:
                     skipped = STATE.skipped
                     STATE.poisoned = STATE.skipped = False
                 self.last_step_skipped = skipped
+                if self._log_path is not None and pg.generation != generation:
+                    waiting_first_commit |= self._record_recoveries(pg)
                 if skipped:
                     self.steps_redone += 1
                     torch.set_rng_state(rng)  # the redone step draws what the voided one drew (dropout)
                 else:
                     self.steps_applied += 1
                     used += 1
+                    self._record(pg, event="commit", step=self.steps_applied, world_size=pg.size())
+                    if waiting_first_commit:
+                        self._record(pg, event="first_commit", step=self.steps_applied, world_size=pg.size())
+                        waiting_first_commit = False
                     self._divergence.after_step(pg, self.model, self.optimizer, self.steps_applied)
                 if pg.generation == generation:
                     continue
@@ -263,10 +306,10 @@ class ResilientLoader:
 
 
 def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_state=(), check_every: int = 0,
-              fence_window: int = 1000) -> ResilientLoader:
+              fence_window: int = 1000, log_path: str | None = None) -> ResilientLoader:
     """``for batch in ftcomm.torch.resilient(loader):`` -- iterate a DataLoader so that a step
     interrupted by a rank failure is redone over the survivors. With spare ranks, pass ``model``
     and ``optimizer`` and loop over ``.epochs(E)``; ``check_every=M`` compares the ranks' state
     every M steps (silent corruption at rest). See ``ResilientLoader``."""
     return ResilientLoader(loader, process_group, model=model, optimizer=optimizer, extra_state=extra_state,
-                           check_every=check_every, fence_window=fence_window)
+                           check_every=check_every, fence_window=fence_window, log_path=log_path)

@@ -231,7 +231,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     def _recover(self, comm, name: str, exc: FtError) -> bool:
         """Rebuilds the communicator after ``comm`` failed. Returns True when the failed
         collective is to be redone (inside a resilient step), False when it raises."""
-        t0 = time.perf_counter()
+        t0, seen = time.perf_counter(), time.time()
         if comm is self._interim:  # a second failure while a voided step finishes: survivors only
             new = comm.recover(timeout=self._timeout, policy="shrink")
             with self._lock:
@@ -244,7 +244,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 self.generation += 1
         _sync_torch_rank_table(self)
         done = new.recovery
-        event = between(comm, new, where=name, step=exc.step, error=type(exc).__name__,
+        event = between(comm, new, where=name, step=exc.step, error=type(exc).__name__, detected_time=seen,
                         recover_s=time.perf_counter() - t0, policy=done.policy if done else "shrink",
                         fallback=done.fallback if done else None, promoted=list(done.promoted) if done else [])
         if self._in_handshake:  # join.py starts its hand-over again; no step is voided

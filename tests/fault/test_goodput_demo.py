@@ -44,3 +44,24 @@ def test_report_of_a_demo_run_with_two_kills(tmp_path):
     costs = Costs.from_json(out / "costs.json", require_disk=False)
     predicted = predict_run(costs, 4, summary["steps"], len(failures), "spares")["goodput"]
     assert predicted == pytest.approx(summary["goodput"], rel=0.10), (predicted, summary["goodput"])
+
+
+def test_report_of_a_ddp_run_with_a_kill(tmp_path):
+    """The DDP example's logs (``resilient(..., log_path=)``) give the same report: the failure
+    timed from the victim's kill event, the survivors' recovery, the first commit after it."""
+    logs = tmp_path / "logs"
+    res = run_job(REPO / "examples" / "ddp_train.py", 4, "--epochs", "4", "--kill", "2@30", "--log-dir", logs,
+                  "--result-json", tmp_path / "result.json", timeout=240)
+    assert res.returncode == 0, res.describe()
+    result = json.loads((tmp_path / "result.json").read_text())
+    proc = subprocess.run([sys.executable, "-m", "ftcomm.goodput.report_cli", str(logs), "--out",
+                           str(tmp_path / "report"), "--no-plot"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert (summary["initial_size"], summary["final_size"], summary["policy"]) == (4, 3, "shrink")
+    assert summary["ended"] is True and summary["ranks"] == [0, 1, 2, 3]
+    assert summary["steps"] == result["steps"] - 1 and summary["redone_steps"] == 1  # steps: iterations incl. the voided one
+    [failure] = summary["failures"]
+    assert (failure["step"], failure["lost_world_ranks"], failure["fail_time_from"]) == (30, [2], "kill event")
+    assert 0 < failure["detection_s"] < failure["mttr_s"] < 10 and failure["redo_s"] > 0
