@@ -17,7 +17,20 @@ if "mpi4py.MPI" not in sys.modules:
     mpi4py.rc.finalize = False
 from mpi4py import MPI  # noqa: E402  (must follow the rc setting)
 
-from .. import _C, settings  # noqa: E402
+from .. import settings  # noqa: E402
+
+try:
+    from .. import _C  # noqa: E402
+except ImportError as exc:
+    if "libmpi" not in str(exc):
+        raise
+    # The core links one MPI's library (FTCOMM_MPI at build time); mpi4py loaded another one.
+    raise ImportError(
+        f"ftcomm's compiled core was built against another MPI than the one mpi4py loaded "
+        f"('{MPI.Get_library_version().strip().splitlines()[0].split(',')[0]}'): {exc}. Rebuild ftcomm in this "
+        "environment with FTCOMM_MPI set to this MPI (pip install --force-reinstall --no-deps .), or use the "
+        "environment it was built for; one source tree holds one editable build (README, Quick start)."
+    ) from exc
 
 
 def _library_name(version_text: str) -> str:
