@@ -110,6 +110,14 @@ std::string FtStatus() {
 #endif
 }
 
+int CudaAwareMpi() {
+#if defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
+  return MPIX_Query_cuda_support() ? 1 : 0;
+#else
+  return -1;
+#endif
+}
+
 std::string MpiLibraryVersion() {
   char text[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;

@@ -46,6 +46,9 @@ bool FtEnabled();
 std::string FtStatus();
 // "Open MPI", "MPICH" or "MPI" (another library): the family of the library we are linked to.
 std::string MpiFamily();
+// 1: this MPI library passes device pointers (CUDA-aware; Open MPI's MPIX_Query_cuda_support),
+// 0: it does not, -1: it cannot say.
+int CudaAwareMpi();
 // MPI_Get_library_version of the library this extension is linked to.
 std::string MpiLibraryVersion();
 // The text MPI gives for an error code.
