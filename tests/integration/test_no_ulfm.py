@@ -9,7 +9,7 @@ import time
 import pytest
 
 import ftcomm
-from harness import JOBS, REPO, run_job
+from harness import JOBS, run_job
 
 FAMILY = ftcomm.mpi_family()
 # Open MPI can recover: to see it without ULFM, launch it so.
