@@ -7,11 +7,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <mpi.h>
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>
-#endif
-
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -20,6 +15,7 @@
 #include "collectives/allreduce_step.h"
 #include "collectives/dtype.h"
 #include "core/communicator.h"
+#include "core/mpi_compat.h"
 #include "core/status.h"
 #include "cuda/staged_allreduce.h"
 #ifdef FTCOMM_WITH_CUDA
@@ -60,15 +56,6 @@ ftcomm::ReduceOp OpOf(int code) {
 }
 
 void* Ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
-
-// 1: this MPI library passes device pointers (CUDA-aware), 0: it does not, -1: it cannot say.
-int CudaAwareMpi() {
-#if defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
-  return MPIX_Query_cuda_support() ? 1 : 0;
-#else
-  return -1;
-#endif
-}
 
 using DeviceQuad = std::tuple<uintptr_t, size_t, int, uintptr_t>;  // (address, count, dtype, stream)
 
@@ -203,7 +190,7 @@ void RegisterCudaBindings(py::module_& m) {
   m.def("cuda_set_device", [](int) { NoCuda(); });
   m.def("cuda_synchronize", [](uintptr_t) { NoCuda(); });
 #endif
-  m.def("cuda_aware_mpi", &CudaAwareMpi,
+  m.def("cuda_aware_mpi", &ftcomm::CudaAwareMpi,
         "1 if the MPI library passes device pointers (MPIX_Query_cuda_support), 0 if not, -1 unknown");
   m.def("cuda_allreduce", &StagedAllreduce, py::arg("comm"), py::arg("buffers"), py::arg("device"),
         py::arg("op"), py::arg("step"), py::arg("timeout"), py::arg("chunk_bytes"), py::arg("problem"),

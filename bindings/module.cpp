@@ -174,7 +174,10 @@ PYBIND11_MODULE(_C, m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
 
   m.def("ft_compiled_in", &ftcomm::FtCompiledIn, "True if built against an MPI with ULFM");
-  m.def("ft_enabled", &ftcomm::FtEnabled, "True if this job runs with ULFM switched on (MPIX_FT)");
+  m.def("ft_enabled", &ftcomm::FtEnabled,
+        "True if this job runs with ULFM switched on (Open MPI: MPIX_FT; MPICH: MPIR_CVAR_ENABLE_FT)");
+  m.def("ft_status", &ftcomm::FtStatus, "Why ft_enabled() says what it says, in words");
+  m.def("mpi_family", &ftcomm::MpiFamily, "'Open MPI', 'MPICH' or 'MPI': the library's family");
   m.def("mpi_library_version", &ftcomm::MpiLibraryVersion);
   RegisterEnums(m);
   m.def("configure",

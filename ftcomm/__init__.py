@@ -28,7 +28,7 @@ from .core import cuda, fault
 from .core.communicator import Communicator
 from .core.cuda import cuda_available, cuda_status
 from .core.events import CorruptionEvent, RecoveryEvent, corruptions
-from .core.runtime import ft_compiled_in, ft_enabled
+from .core.runtime import ft_compiled_in, ft_enabled, mpi_family, ulfm_status
 from .errors import (
     CollectiveTimeoutError,
     FtError,
@@ -70,6 +70,8 @@ __all__ = [
     "world",
     "ft_enabled",
     "ft_compiled_in",
+    "ulfm_status",
+    "mpi_family",
     "cuda",
     "cuda_available",
     "cuda_status",

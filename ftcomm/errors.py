@@ -34,10 +34,13 @@ class CollectiveTimeoutError(FtError, TimeoutError):
 
 
 class UlfmUnavailableError(FtError):
-    """A recovery verb was called but MPI runs without ULFM.
+    """A recovery verb (revoke, shrink, failed_ranks, recover) was called but this job runs
+    without ULFM. Raised at once, on every rank that calls it, before any communication; the
+    message carries ``ftcomm.ulfm_status()``, which says why.
 
-    Launch with ``ftcomm-run`` (or ``mpirun --with-ft ulfm``) on Open MPI 5, or with an MPICH built
-    with ch3:tcp and ``MPIR_CVAR_ENABLE_FT=1``; see mpi_configs/README.md.
+    Recovery needs Open MPI 5 launched with ULFM on (``ftcomm-run``, i.e. ``mpirun --with-ft
+    ulfm``). MPICH's releases cannot recover (their ch4 device has no fault tolerance): on MPICH
+    ftcomm runs failure-free only. See mpi_configs/README.md.
     """
 
 

@@ -6,8 +6,9 @@ settings table lists the same names (``tests/unit/test_layers.py`` compares the 
 read when asked for, so a test or a script may set a variable after ``import ftcomm``; the core's
 part is read once, at import.
 
-Build-time variables (``FTCOMM_CUDA``, ``FTCOMM_CUDA_ARCHS``) are read by ``setup.py``, which runs
-before this package exists; they are in the README's table too.
+Build-time variables (``FTCOMM_MPI``, ``FTCOMM_CUDA``, ``FTCOMM_CUDA_ARCHS``) are read by the build
+(``buildtools/ftcomm_build.py``, ``setup.py``), which runs before this package exists; they are in
+the README's table too.
 """
 from __future__ import annotations
 
@@ -111,8 +112,9 @@ TORCH_ENV = _define("FTCOMM_TORCH_ENV", True, _flag,
 TORCH_ASYNC = _define("FTCOMM_TORCH_ASYNC", True, _flag,
                       "run the torch backend's collectives on ftcomm's communication thread")
 
-# Read by setup.py at build time (documented here so that the README's table can be checked).
-BUILD_SETTINGS = ("FTCOMM_CUDA", "FTCOMM_CUDA_ARCHS")
+# Read by the build (buildtools/ftcomm_build.py, setup.py); documented here so that the README's
+# table can be checked.
+BUILD_SETTINGS = ("FTCOMM_MPI", "FTCOMM_CUDA", "FTCOMM_CUDA_ARCHS")
 
 
 # -- what the other modules call --------------------------------------------------------------

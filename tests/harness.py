@@ -11,21 +11,50 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
 _TAG = "FTCOMM-REPORT "
+# A report longer than this goes out in parts, each line written whole by one write(): MPICH's
+# mpiexec interleaves the ranks' output at the size of a pipe write, not at lines (a line over
+# 4 KiB, or print()'s text and newline written apart, can be cut by another rank's output).
+_PART_TAG = "FTCOMM-REPORT-PART "
+_PART_CHARS = 3000
 _TORCH_RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def report(**values) -> None:
-    """Called inside a job: prints one tagged JSON line (flushed at once, a kill may follow)."""
+    """Called inside a job: writes one tagged JSON line at once (a kill may follow), or, when it is
+    long, numbered part lines that ``parse_reports`` puts together."""
     from mpi4py import MPI
 
     values.setdefault("world_rank", MPI.COMM_WORLD.Get_rank())
-    print(_TAG + json.dumps(values), flush=True)
+    text = json.dumps(values)  # ASCII: characters are bytes
+    if len(text) <= _PART_CHARS:
+        lines = [_TAG + text]
+    else:
+        pieces = [text[i:i + _PART_CHARS] for i in range(0, len(text), _PART_CHARS)]
+        lines = [f"{_PART_TAG}{values['world_rank']} {k} {len(pieces)} {piece}" for k, piece in enumerate(pieces)]
+    sys.stdout.flush()  # what the job printed before comes first
+    for line in lines:
+        os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
+def parse_reports(stdout: str) -> list[dict]:
+    """The reports in a job's stdout, in the order they were completed (``report``)."""
+    reports, parts = [], {}
+    for line in stdout.splitlines():
+        if line.startswith(_TAG):
+            reports.append(json.loads(line[len(_TAG):]))
+        elif line.startswith(_PART_TAG):
+            rank, k, n, piece = line[len(_PART_TAG):].split(" ", 3)
+            parts.setdefault(rank, []).append(piece)
+            if int(k) == int(n) - 1:
+                reports.append(json.loads("".join(parts.pop(rank))))
+    return reports
 
 
 def cross_entropy_backward(model, opt, x, y, batch) -> float:
@@ -63,6 +92,7 @@ class JobResult:
     stdout: str
     stderr: str
     reports: list = field(default_factory=list)
+    wall_s: float = 0.0  # seconds from the launch to the launcher's end
 
     def by_rank(self, **match) -> dict:
         """Last report of each world rank whose fields equal ``match``."""
@@ -94,7 +124,8 @@ def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), full_env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(n), "--timeout", str(timeout), *launcher_args,
            sys.executable, str(script), *map(str, args)]
+    start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout + 30,
                           stdin=subprocess.DEVNULL)
-    reports = [json.loads(line[len(_TAG):]) for line in proc.stdout.splitlines() if line.startswith(_TAG)]
-    return JobResult(proc.returncode, proc.stdout, proc.stderr, reports)
+    wall_s = time.monotonic() - start
+    return JobResult(proc.returncode, proc.stdout, proc.stderr, parse_reports(proc.stdout), wall_s)

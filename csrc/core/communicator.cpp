@@ -136,23 +136,20 @@ Status Communicator::Revoke() {
   if (!ft_enabled_) {
     return Status::Error(StatusCode::kUlfmUnavailable, "revoke needs an MPI with ULFM switched on");
   }
-#if FTCOMM_HAVE_ULFM
   failure_seen_ = true;
-  int rc = MPIX_Comm_revoke(comm_);
-  if (rc != MPI_SUCCESS && MpiErrorClass(rc) != MPI_ERR_REVOKED) return Classify(rc, "revoke");
-#endif
+  revoked_seen_ = true;
+  int rc = ulfm::Revoke(comm_);
+  if (rc != MPI_SUCCESS && MpiErrorClass(rc) != ulfm::ErrRevoked()) return Classify(rc, "revoke");
   return Status::Ok();
 }
 
 bool Communicator::IsRevoked() const {
-#if FTCOMM_HAVE_ULFM
   if (!ft_enabled_) return false;
   int flag = 0;
-  MPIX_Comm_is_revoked(comm_, &flag);
-  return flag != 0;
-#else
-  return false;
-#endif
+  bool supported = false;
+  ulfm::IsRevoked(comm_, &flag, &supported);
+  // An MPI that cannot tell (MPICH): revoked if this rank revoked it or saw an operation fail so.
+  return supported ? flag != 0 : revoked_seen_;
 }
 
 Status Communicator::FailedRanks(std::vector<int>* out) {
@@ -161,11 +158,9 @@ Status Communicator::FailedRanks(std::vector<int>* out) {
     return Status::Error(StatusCode::kUlfmUnavailable,
                          "failed_ranks needs an MPI with ULFM switched on");
   }
-#if FTCOMM_HAVE_ULFM
-  int acked = 0;
-  MPIX_Comm_ack_failed(comm_, size_, &acked);
+  ulfm::AckFailed(comm_, size_);
   MPI_Group failed_group, comm_group;
-  if (MPIX_Comm_get_failed(comm_, &failed_group) != MPI_SUCCESS) return Status::Ok();
+  if (ulfm::GetFailed(comm_, &failed_group) != MPI_SUCCESS) return Status::Ok();
   MPI_Comm_group(comm_, &comm_group);
   int n = 0;
   MPI_Group_size(failed_group, &n);
@@ -179,7 +174,6 @@ Status Communicator::FailedRanks(std::vector<int>* out) {
   MPI_Group_free(&failed_group);
   MPI_Group_free(&comm_group);
   if (!out->empty()) failure_seen_ = true;
-#endif
   return Status::Ok();
 }
 
@@ -190,6 +184,7 @@ Status Communicator::Classify(int mpi_rc, const std::string& what) {
     return Status::Error(StatusCode::kMpiError, what + ": " + MpiErrorString(mpi_rc));
   }
   failure_seen_ = true;
+  if (cls == ulfm::ErrRevoked()) revoked_seen_ = true;
   std::vector<int> failed;
   FailedRanks(&failed);
   if (!failed.empty()) {
@@ -198,14 +193,12 @@ Status Communicator::Classify(int mpi_rc, const std::string& what) {
     s.failed_ranks = failed;
     return s;
   }
-  if (IsRevoked() || cls == MPI_ERR_REVOKED) {
+  if (IsRevoked() || cls == ulfm::ErrRevoked()) {
     return Status::Error(StatusCode::kRevoked, what + ": the communicator was revoked");
   }
-#if FTCOMM_HAVE_ULFM
-  if (cls == MPI_ERR_PROC_FAILED || cls == MPI_ERR_PROC_FAILED_PENDING) {
+  if (cls == ulfm::ErrProcFailed() || cls == ulfm::ErrProcFailedPending()) {
     return Status::Error(StatusCode::kProcFailed, what + ": a peer failed");
   }
-#endif
   return Status::Error(StatusCode::kMpiError, what + ": " + MpiErrorString(mpi_rc));
 }
 
@@ -270,7 +263,6 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
     if (rc != MPI_SUCCESS) return Classify(rc, "agree");
     return Wait(&req, 1, deadline, "agree");
   }
-#if FTCOMM_HAVE_ULFM
   // MPIX_Comm_agree raises MPI_ERR_PROC_FAILED at every rank alike when a rank failed without
   // being acknowledged, and the flag is still agreed; after an ack the next agreement does not
   // raise for that failure. So the loop below runs the same number of times on every rank.
@@ -278,9 +270,15 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
   WaitDeadline end(deadline, world_ranks_);
   for (int attempt = 0; attempt <= size_; ++attempt) {
     int contributed = value;
-    MPI_Request req;
-    int rc = MPIX_Comm_iagree(comm_, &contributed, &req);
-    if (rc == MPI_SUCCESS) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc;
+    if (!ulfm::HasIagree()) {
+      // MPICH has only the blocking agreement: like a shrink it cannot be interrupted, so past
+      // the deadline the watchdog fences who it can, else kills this rank.
+      watchdog::Guard guard(std::max(deadline.seconds_left(), 0.0), "MPIX_Comm_agree",
+                            watchdog::Action::kKillSelf, world_ranks_);
+      rc = ulfm::Agree(comm_, &contributed);
+    } else if ((rc = ulfm::Iagree(comm_, &contributed, &req)) == MPI_SUCCESS) {
       int done = 0, idle_polls = 0;
       while (!done) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -297,17 +295,13 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
       *flag = contributed;
       return Status::Ok();
     }
-    if (MpiErrorClass(rc) != MPI_ERR_PROC_FAILED) return Classify(rc, "agree");
+    if (MpiErrorClass(rc) != ulfm::ErrProcFailed()) return Classify(rc, "agree");
     *saw_failure = true;
     failure_seen_ = true;
     value = contributed;  // agreed among the contributors; acknowledge and agree again
-    int acked = 0;
-    MPIX_Comm_ack_failed(comm_, size_, &acked);
+    ulfm::AckFailed(comm_, size_);
   }
   return Status::Error(StatusCode::kProcFailed, "agree: failures kept arriving");
-#else
-  return Status::Error(StatusCode::kUlfmUnavailable, "agree needs ULFM");
-#endif
 }
 
 Status Communicator::Barrier(double timeout_s) {
@@ -325,7 +319,6 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
   if (!ft_enabled_) {
     return Status::Error(StatusCode::kUlfmUnavailable, "shrink needs an MPI with ULFM switched on");
   }
-#if FTCOMM_HAVE_ULFM
   liveness::ActivityScope activity(liveness::Activity::kShrink, last_committed_step_);
   failure_seen_ = true;
   MPI_Comm current = comm_;
@@ -337,7 +330,7 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
       // The watchdog fences members that stopped answering (a stuck rank would hold the shrink
       // forever); only if nobody can be fenced does it kill this rank at the deadline.
       watchdog::Guard guard(timeout_s, "MPIX_Comm_shrink", watchdog::Action::kKillSelf, world_ranks_);
-      rc = MPIX_Comm_shrink(current, &shrunk);
+      rc = ulfm::Shrink(current, &shrunk);
     }
     if (rc != MPI_SUCCESS) return Classify(rc, "shrink");
     result.reset(new Communicator(shrunk));
@@ -357,9 +350,6 @@ Status Communicator::Shrink(double timeout_s, std::unique_ptr<Communicator>* out
   result->last_committed_step_ = last_committed_step_;
   *out = std::move(result);
   return Status::Ok();
-#else
-  return Status::Error(StatusCode::kUlfmUnavailable, "shrink needs ULFM");
-#endif
 }
 
 Status Communicator::Split(int color, int key, double timeout_s, std::unique_ptr<Communicator>* out) {
@@ -394,10 +384,7 @@ Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* sour
     int rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status);
     if (rc != MPI_SUCCESS) {
       Status s = Classify(rc, "spare wait");
-#if FTCOMM_HAVE_ULFM
-      int acked = 0;  // re-arms MPI_ANY_SOURCE receives for the next wait
-      MPIX_Comm_ack_failed(comm_, size_, &acked);
-#endif
+      if (ft_enabled_) ulfm::AckFailed(comm_, size_);  // re-arms MPI_ANY_SOURCE receives for the next wait
       return s;
     }
     if (flag) {

@@ -1,6 +1,6 @@
 // Communicator: an MPI communicator with ULFM's recovery verbs, every wait bounded by a deadline.
 // Semantics follow the ULFM chapter of the MPI Forum draft (mpi-forum/mpi-issues#20) and Open
-// MPI's MPIX_Comm_* manual pages.
+// MPI's MPIX_Comm_* manual pages; each MPI's spelling of them is in core/mpi_compat.h.
 #pragma once
 
 #include <mpi.h>
@@ -131,6 +131,7 @@ class Communicator {
   std::vector<int> world_ranks_;
   int64_t last_committed_step_ = -1;
   bool failure_seen_ = false;
+  bool revoked_seen_ = false;  // this rank revoked it or saw MPI_ERR_REVOKED (for MPIs that cannot say)
   std::unique_ptr<Communicator> recovered_;
   std::vector<int> recovered_map_;
 };

@@ -18,11 +18,6 @@ from .buffers import raw as raw_buffer
 from .codes import InputProblem, op_code
 from .events import RecoveryEvent
 
-_ULFM_HINT = (
-    "MPI runs without ULFM. Launch with `ftcomm-run -n N ...` (Open MPI: mpirun --with-ft ulfm); "
-    "see mpi_configs/README.md."
-)
-
 
 _timeout = settings.resolve_timeout
 
@@ -93,7 +88,7 @@ class Communicator:
 
     @property
     def ft_enabled(self) -> bool:
-        """True when MPI runs with ULFM on (the MPIX_FT attribute of MPI_COMM_WORLD)."""
+        """True when MPI runs with ULFM on (``ftcomm.ulfm_status()`` says why not)."""
         return self._core.ft_enabled
 
     @property
@@ -121,7 +116,8 @@ class Communicator:
     # -- ULFM verbs ----------------------------------------------------------------------
     def _require_ft(self, verb: str) -> None:
         if not self.ft_enabled:
-            raise UlfmUnavailableError(f"{verb}: {_ULFM_HINT}")
+            raise UlfmUnavailableError(f"{verb} needs ULFM, which this job lacks: {runtime.ulfm_status()} "
+                                       "(see mpi_configs/README.md)")
 
     def revoke(self) -> None:
         """Revokes the communicator: every pending and later operation on it fails with

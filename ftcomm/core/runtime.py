@@ -17,12 +17,31 @@ if "mpi4py.MPI" not in sys.modules:
     mpi4py.rc.finalize = False
 from mpi4py import MPI  # noqa: E402  (must follow the rc setting)
 
-from .. import _C, settings  # noqa: E402
+from .. import settings  # noqa: E402
+
+try:
+    from .. import _C  # noqa: E402
+except ImportError as exc:
+    if "libmpi" not in str(exc):
+        raise
+    # The core links one MPI's library (FTCOMM_MPI at build time); mpi4py loaded another one.
+    raise ImportError(
+        f"ftcomm's compiled core was built against another MPI than the one mpi4py loaded "
+        f"('{MPI.Get_library_version().strip().splitlines()[0].split(',')[0]}'): {exc}. Rebuild ftcomm in this "
+        "environment with FTCOMM_MPI set to this MPI (pip install --force-reinstall --no-deps .), or use the "
+        "environment it was built for; one source tree holds one editable build (README, Quick start)."
+    ) from exc
+
+
+def _library_name(version_text: str) -> str:
+    """The first line of MPI_Get_library_version's text, up to a comma: "Open MPI v5.0.11",
+    "MPICH Version:      5.0.2"."""
+    return version_text.strip().splitlines()[0].split(",")[0].strip() if version_text.strip() else ""
 
 
 def _check_same_mpi() -> None:
-    ours = _C.mpi_library_version().split(",")[0].strip()
-    theirs = MPI.Get_library_version().split(",")[0].strip()
+    ours = _library_name(_C.mpi_library_version())
+    theirs = _library_name(MPI.Get_library_version())
     if ours != theirs:
         raise ImportError(
             f"ftcomm was built against '{ours}' but mpi4py loaded '{theirs}'. Rebuild ftcomm in this "
@@ -33,8 +52,25 @@ def _check_same_mpi() -> None:
 
 _check_same_mpi()
 
-ft_compiled_in = _C.ft_compiled_in  # () -> bool: built against an MPI with ULFM
-ft_enabled = _C.ft_enabled  # () -> bool: this job runs with ULFM switched on (MPIX_FT)
+ft_compiled_in = _C.ft_compiled_in  # () -> bool: built against an MPI that declares ULFM's functions
+ft_enabled = _C.ft_enabled  # () -> bool: this job runs with ULFM switched on (found once, at start-up)
+
+
+def ulfm_status() -> str:
+    """Whether this job can recover from a rank failure, and why not, in words: which MPI runs
+    (e.g. "Open MPI v5.0.11 runs with ULFM on (MPIX_FT)"), or what is missing and what recovery
+    would need ("MPICH 5.0.2 (device ch4:ucx ofi) has no fault tolerance: ..."). ``ft_enabled()``
+    is the same answer as a bool. Found at start-up: Open MPI's MPIX_FT attribute of
+    MPI_COMM_WORLD, MPICH's MPIR_CVAR_ENABLE_FT control variable."""
+    return _C.ft_status()
+
+
+def mpi_family() -> str:
+    """"Open MPI", "MPICH" or "MPI" (another library): the MPI ftcomm was built against."""
+    return _C.mpi_family()
+
+
+_ft_on = ft_enabled()  # probed now, at start-up, while MPI is surely initialized
 
 if MPI.Comm.Get_parent() != MPI.COMM_NULL:
     # A process started by recover(policy="respawn") (ftcomm/membership/respawn.py): its
@@ -115,6 +151,14 @@ def shutdown() -> None:
     failure Open MPI 5.0.x's finalize, rarely, never returns) the watchdog ends the process with
     status 0 (its work is done)."""
     _write_exit_report()
+    if _uncaught and not _ft_on and MPI.Is_initialized() and not MPI.Is_finalized() \
+            and MPI.COMM_WORLD.Get_size() > 1:
+        # Without ULFM the peers cannot go on without this rank, and MPI_Finalize would wait for
+        # them (MPICH's does, forever): end the whole job now, saying why.
+        sys.stderr.write(f"ftcomm: world rank {MPI.COMM_WORLD.Get_rank()} ended by an uncaught exception; "
+                         f"ending the job, which cannot recover without ULFM: {ulfm_status()}\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
     for hook in _shutdown_hooks:
         try:
             hook(_uncaught)

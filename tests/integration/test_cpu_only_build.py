@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ("setup.py", "pyproject.toml", "csrc", "bindings", "ftcomm")
+SOURCES = ("setup.py", "pyproject.toml", "buildtools", "csrc", "bindings", "ftcomm")
 
 
 def test_cpu_only_build_compiles_imports_and_reduces(tmp_path):

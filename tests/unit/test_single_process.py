@@ -13,14 +13,25 @@ def comm():
 
 def test_singleton_is_size_one_without_ft(comm):
     assert (comm.rank, comm.size) == (0, 1)
-    assert comm.ft_enabled is False
-    assert ftcomm.ft_compiled_in() is True
+    assert comm.ft_enabled is False and ftcomm.ft_enabled() is False
+    assert ftcomm.ft_compiled_in() is True  # both Open MPI and MPICH declare ULFM's functions
+
+
+def test_ulfm_status_says_which_mpi_and_why_no_recovery():
+    status = ftcomm.ulfm_status()
+    if ftcomm.mpi_family() == "Open MPI":  # a singleton: not launched with --with-ft ulfm
+        assert status.startswith("Open MPI v5.0.") and "runs without ULFM: launch with `ftcomm-run" in status
+    else:
+        assert ftcomm.mpi_family() == "MPICH"
+        assert status.startswith("MPICH 5.0.") and "(device ch4:" in status and "has no fault tolerance" in status
+        assert "recovery needs an MPI with ULFM: Open MPI 5" in status
 
 
 @pytest.mark.parametrize("verb", ["revoke", "shrink", "failed_ranks", "recover"])
 def test_recovery_verbs_raise_ulfm_unavailable(comm, verb):
-    with pytest.raises(ftcomm.UlfmUnavailableError, match="ftcomm-run"):
+    with pytest.raises(ftcomm.UlfmUnavailableError) as exc:
         getattr(comm, verb)()
+    assert str(exc.value).startswith(f"{verb} needs ULFM, which this job lacks: {ftcomm.ulfm_status()}")
 
 
 def test_allreduce_of_one_rank_is_identity_and_avg_divides_by_one(comm):
