@@ -1,28 +1,12 @@
 #include "collectives/allreduce_step.h"
 
 #include <algorithm>
-#include <memory>
 #include <vector>
+
+#include "collectives/scratch.h"
 
 namespace ftcomm {
 namespace {
-
-// Reusable scratch (undo log and staging), grown on demand and kept for the next step: large
-// allocations would otherwise page-fault on every call.
-class Scratch {
- public:
-  char* Get(size_t bytes) {
-    if (bytes > capacity_) {
-      data_.reset(new char[bytes]);
-      capacity_ = bytes;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<char[]> data_;
-  size_t capacity_ = 0;
-};
 
 Scratch& UndoScratch() {
   static Scratch s;

@@ -2,23 +2,16 @@
 
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "collectives/ring_reduce_scatter.h"
+#include "collectives/scratch.h"
 
 namespace ftcomm {
 namespace {
 
-// The ring's scratch, grown on demand and kept for the next step (fresh large allocations would
-// page-fault on every call).
-char* Scratch(size_t bytes) {
-  static std::unique_ptr<char[]> data;
-  static size_t capacity = 0;
-  if (bytes > capacity) {
-    data.reset(new char[bytes]);
-    capacity = bytes;
-  }
-  return data.get();
+Scratch& RingScratch() {
+  static Scratch s;
+  return s;
 }
 
 bool ShapesFit(const RingBuffer& input, const RingBuffer& output, int size) {
@@ -37,7 +30,7 @@ Status ReduceScatterStep(Communicator& comm, const RingBuffer& input, const Ring
   StepBody body;
   body.run = [&](const Deadline& deadline) {
     const size_t bytes = RingReduceScatter::ScratchElements(input.count, comm.size()) * ElementSize(input.dtype);
-    ring = std::make_unique<RingReduceScatter>(comm, input, opt.op, opt.chunk_bytes, opt.step, Scratch(bytes));
+    ring = std::make_unique<RingReduceScatter>(comm, input, opt.op, opt.chunk_bytes, opt.step, RingScratch().Get(bytes));
     return ring->Run(deadline);
   };
   body.commit = [&] { std::memcpy(output.data, ring->result(), output.count * ElementSize(output.dtype)); };

@@ -22,6 +22,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..errors import FtError, ProcFailedError, RevokedError, SilentCorruptionError
+from .events import note_corruption
 
 
 class Outcome:
@@ -126,8 +127,6 @@ def redone_on_corruption(fn, where: str, attempts: int = 3):
         SilentCorruptionError: the last one, when every attempt was corrupted (corruption that
             repeats is not transient: a faulty rank, to be fenced by the caller's policy).
     """
-    from .events import note_corruption
-
     for attempt in range(attempts):
         try:
             return fn()

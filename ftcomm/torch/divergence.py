@@ -29,13 +29,10 @@ from ..core import fault
 from ..core.events import CorruptionEvent, record_corruption
 from ..core.fingerprint import compare, digest
 from ..errors import FtError, SilentCorruptionError
+from .join import _module
 from .zero import ZeroRedundancyOptimizer
 
 CHECKED = "parameter fingerprints"
-
-
-def _module(model):
-    return getattr(model, "module", model)
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:

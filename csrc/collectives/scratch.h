@@ -1,0 +1,25 @@
+// Reusable host scratch for the collectives (undo log, staging, partial sums), grown on demand
+// and kept for the next step: large allocations would otherwise page-fault on every call.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace ftcomm {
+
+class Scratch {
+ public:
+  char* Get(size_t bytes) {
+    if (bytes > capacity_) {
+      data_.reset(new char[bytes]);
+      capacity_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace ftcomm
