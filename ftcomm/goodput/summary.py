@@ -185,6 +185,14 @@ def _reference_rank(run: RunLog) -> int:
     return min(started_at_first, key=lambda r: (-commits[r], r))
 
 
+def _last_commit_before(commits: list[dict], step: int, recovered_time: float) -> dict | None:
+    """The reference rank's commit of ``step``, the last step the survivors say they committed
+    before the failure (after a disk fallback their ``step`` is the restored one). Chosen by step, not by comparing its time with the failure's: the victim
+    may log its kill a few milliseconds before the reference rank logs that same commit."""
+    done = [c for c in commits if c["step"] == step and c["time"] <= recovered_time]
+    return done[-1] if done else None
+
+
 def _steady_intervals(commits: list[dict], excluded: list[float]) -> dict[int, list[tuple[float, float]]]:
     """(interval, replicate_s) of consecutive commits by world size, without warm-up steps and
     without an interval that has one of the ``excluded`` times in it (failures, checkpoints)."""
@@ -241,8 +249,8 @@ def summarize(run: RunLog) -> RunSummary:
         if mine is None:
             raise ValueError(f"run {run.run_id!r}: world rank {ref} logged no recovery from the failure "
                              f"at step {step + 1} (lost {list(lost)})")
-        before = [c for c in commits if c["time"] < fail_time]
-        last_commit = before[-1] if before else start
+        by_step = None if mine.get("disk_restore") is not None else _last_commit_before(commits, step, mine["time"])
+        last_commit = by_step or next((c for c in reversed(commits) if c["time"] < fail_time), start)
         pre_step = last_commit.get("step", start["step"])
         after = [c for c in commits if c["time"] > mine["time"]]
         first_commit = after[0]["time"] if after else None

@@ -74,6 +74,20 @@ def test_summary_of_a_known_run(tmp_path):
     assert s.goodput == approx(0.9 / 1.26)
 
 
+def test_kill_logged_before_the_reference_rank_logs_the_last_commit(tmp_path):
+    """The victim may log its kill (at the start of its next step) a few milliseconds before a
+    slower reference rank logs its commit of the step before: the failure still follows that
+    commit (the survivors' recovered events name it), and no time is counted before the kill."""
+    events = kill_run()
+    for e in events:
+        if e["event"] == "commit" and e["rank"] == 0 and e["step"] == 5:
+            e["time"] = T0 + 0.525  # after the kill at +0.52
+    _write(tmp_path, "", events)
+    (f,) = summarize(load_run(tmp_path)).failures
+    assert (f.step, f.fail_time_from, f.last_commit_time) == (5, "kill event", approx(T0 + 0.525))
+    assert f.pre_failure_s == 0.0 and f.lost_s == approx(0.135)  # +0.525 -> +0.78 less one step at size 3
+
+
 def test_costs_feed_the_model(tmp_path):
     _write(tmp_path, "", kill_run())
     data = costs(summarize(load_run(tmp_path)))
