@@ -177,6 +177,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("ft_enabled", &ftcomm::FtEnabled,
         "True if this job runs with ULFM switched on (Open MPI: MPIX_FT; MPICH: MPIR_CVAR_ENABLE_FT)");
   m.def("ft_status", &ftcomm::FtStatus, "Why ft_enabled() says what it says, in words");
+  m.def("skip_finalize_fence", &ftcomm::SkipFinalizeFence,
+        "MPI_Finalize without its closing runtime fence (Open MPI with ULFM on); True if it will skip it");
   m.def("mpi_family", &ftcomm::MpiFamily, "'Open MPI', 'MPICH' or 'MPI': the library's family");
   m.def("mpi_library_version", &ftcomm::MpiLibraryVersion);
   RegisterEnums(m);

@@ -82,6 +82,21 @@ std::string MpiFamily() {
 #endif
 }
 
+#if FTCOMM_ULFM_OPENMPI
+// Open MPI's own switch (ompi/runtime/params.h), exported by libmpi but not an MCA parameter.
+extern "C" bool ompi_async_mpi_finalize;
+#endif
+
+bool SkipFinalizeFence() {
+#if FTCOMM_ULFM_OPENMPI
+  if (!FtEnabled()) return false;
+  ompi_async_mpi_finalize = true;
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string FtStatus() {
   const std::string library = LibraryName();
   const std::string need = "recovery needs an MPI with ULFM: Open MPI 5 (the default install), "

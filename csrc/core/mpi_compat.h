@@ -49,6 +49,13 @@ std::string MpiFamily();
 // 1: this MPI library passes device pointers (CUDA-aware; Open MPI's MPIX_Query_cuda_support),
 // 0: it does not, -1: it cannot say.
 int CudaAwareMpi();
+// Lets MPI_Finalize skip its closing runtime fence, where the MPI can: Open MPI with ULFM on (its
+// ompi_async_mpi_finalize flag). Open MPI 5.0.x's ULFM finalize first agrees on the survivors
+// (a shrink of MPI_COMM_WORLD), which already waits for every live rank; the PMIx fence after it
+// adds nothing, and after a rank failure it never completed in about one job in 25 here (every
+// survivor spinning in ompi_mpi_finalize). Returns whether the fence will be skipped. Call it on
+// every rank or on none: a rank that skips it is missing from the others' fence.
+bool SkipFinalizeFence();
 // MPI_Get_library_version of the library this extension is linked to.
 std::string MpiLibraryVersion();
 // The text MPI gives for an error code.

@@ -146,10 +146,10 @@ def at_shutdown(hook) -> None:
 
 def shutdown() -> None:
     """Writes this rank's exit report, runs the shutdown hooks and finalizes MPI. MPI_Finalize in
-    ULFM mode is collective over the survivors; if it does not return within
-    FTCOMM_FINALIZE_TIMEOUT seconds (at most 5 once this rank has seen ranks fail: after a
-    failure Open MPI 5.0.x's finalize, rarely, never returns) the watchdog ends the process with
-    status 0 (its work is done)."""
+    ULFM mode is collective over the survivors (an agreement), without the runtime fence that
+    follows it in Open MPI (``_C.skip_finalize_fence``); if it does not return within
+    FTCOMM_FINALIZE_TIMEOUT seconds (at most 5 once this rank has seen ranks fail) the watchdog
+    ends the process with status 0 (its work is done)."""
     _write_exit_report()
     if _uncaught and not _ft_on and MPI.Is_initialized() and not MPI.Is_finalized() \
             and MPI.COMM_WORLD.Get_size() > 1:
@@ -171,6 +171,9 @@ def shutdown() -> None:
         timeout = settings.finalize_timeout()
         if lost_world_ranks:
             timeout = min(timeout, FINALIZE_AFTER_FAILURE_S)
+        # Every rank does this (it depends only on the job's ULFM setting): ULFM's finalize agrees
+        # on the survivors, then a runtime fence that after failures, rarely, never completes.
+        _C.skip_finalize_fence()
         token = _C.watchdog_arm(timeout, "MPI_Finalize", True)
         MPI.Finalize()
         _C.watchdog_disarm(token)
