@@ -7,8 +7,9 @@ spec is a comma-separated list of key=value pairs; several specs are separated b
 
 Keys: ``rank`` (MPI_COMM_WORLD rank; default every rank), ``point`` (required), ``step``,
 ``ring_step``, ``chunk`` (default any), ``kind`` = kill (SIGKILL, default), exit (exit status 1),
-hang (sleeps forever), stop (SIGSTOP), bitflip (one bit of the ring chunk that just arrived, once:
-silent corruption in transit; at ``reduce_scatter`` and ``allgather`` only).
+hang (sleeps forever), stop (SIGSTOP), bitflip (once: one bit of the ring chunk that just arrived
+at ``reduce_scatter`` and ``allgather``, silent corruption in transit; the torch backend's
+``params`` and ``gradient`` points flip a rank's parameters or local gradient, docs/FAULTS.md).
 
 Points in the allreduce: ``before`` (before any communication), ``reduce_scatter`` and
 ``allgather`` (after receiving chunk ``chunk`` of ring step ``ring_step``), ``commit`` (just before

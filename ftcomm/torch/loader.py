@@ -42,6 +42,7 @@ from ..training.events import EventLog
 from . import join, resplit
 from .divergence import DivergenceGuard
 from .executor import EXECUTOR
+from .grad_outliers import GradOutlierCheck, ddp_hook
 from .process_group import ftcomm_group
 from .step_state import STATE, install_hook, recoveries
 
@@ -65,6 +66,14 @@ class ResilientLoader:
             is repaired from the majority, fenced if it diverges again within ``fence_window``
             applied steps; without a majority every rank raises ``SilentCorruptionError``.
             0 (default): never.
+        grad_outliers: "log" or "redo": every gradient bucket's allreduce also carries the ranks'
+            local gradient norms (a DDP comm hook on ``model``, which must then be the
+            ``DistributedDataParallel`` module without a comm hook of its own); a rank whose norm is
+            not finite or above ``outlier_ratio`` x the others' median (at least the recent typical
+            norm) is reported
+            (``ftcomm.corruptions()``, the log) and, with "redo", the step is voided and redone
+            once (``grad_outliers.py``). None (default): off.
+        outlier_ratio: see ``grad_outliers``; default 100.
         log_path: JSON-lines event log of the run, one file per rank (``{rank}`` is replaced by
             the world rank), in the elastic driver's format (ftcomm/training/events.py): "start",
             "commit" per applied step, "recovered" per recovery (its training ``step`` is the
@@ -87,10 +96,12 @@ class ResilientLoader:
     """
 
     def __init__(self, loader, process_group=None, *, model=None, optimizer=None, extra_state=(),
-                 check_every: int = 0, fence_window: int = 1000, log_path: str | None = None):
+                 check_every: int = 0, fence_window: int = 1000, grad_outliers: str | None = None,
+                 outlier_ratio: float = 100.0, log_path: str | None = None):
         if check_every and model is None:
             raise ValueError("ftcomm.torch.resilient: check_every needs model= (and optimizer=) to fingerprint")
         self._divergence = DivergenceGuard(check_every, fence_window)
+        self._outliers = None if grad_outliers is None else _watch_gradients(model, grad_outliers, outlier_ratio)
         self._log_path, self._log = log_path, None
         self._recoveries_logged = len(recoveries())  # those of earlier loops are not this run's
         self.loader = loader
@@ -180,6 +191,13 @@ class ResilientLoader:
             self._record(pg, event="recovered", **{**e.as_dict(), "step": self.steps_applied})
         return bool(events)
 
+    def _record_outlier(self, pg) -> None:
+        """Logs the step's gradient outlier verdict, if there was one."""
+        _, event = self._outliers.judge()
+        if event is not None:
+            self._record(pg, event="grad_outlier", step=event.step, ranks=event.ranks, checked=event.checked,
+                         action=event.action)
+
     def _check_joinable(self, pg, can_resplit: bool) -> bool:
         """With spares, whether a newcomer could join this loop; else raise (every rank runs
         the same script, so every rank raises)."""
@@ -255,6 +273,7 @@ class ResilientLoader:
             STATE.guards += 1
             STATE.joinable += joinable
             STATE.poisoned = STATE.skipped = False
+            STATE.outlier_check = self._outliers
         try:
             while True:
                 if redo is not None:
@@ -265,8 +284,12 @@ class ResilientLoader:
                     except StopIteration:
                         return
                 rng = torch.get_rng_state()  # what this step starts from; a voided step rewinds to it
+                if self._outliers is not None:
+                    self._outliers.start_step(self.steps_applied + 1)
                 yield batch
                 EXECUTOR.drain()
+                if self._outliers is not None:
+                    self._record_outlier(pg)
                 with STATE.lock:
                     skipped = STATE.skipped
                     STATE.poisoned = STATE.skipped = False
@@ -285,6 +308,8 @@ class ResilientLoader:
                         waiting_first_commit = False
                     self._divergence.after_step(pg, self.model, self.optimizer, self.steps_applied)
                 if pg.generation == generation:
+                    if skipped:  # voided without a failure (a gradient outlier): the same batch again
+                        redo = batch
                     continue
                 if can_resplit:  # the world changed during this step
                     if plan is None:
@@ -303,13 +328,40 @@ class ResilientLoader:
             with STATE.lock:
                 STATE.guards -= 1
                 STATE.joinable -= joinable
+                if STATE.outlier_check is self._outliers:
+                    STATE.outlier_check = None
 
 
 def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_state=(), check_every: int = 0,
-              fence_window: int = 1000, log_path: str | None = None) -> ResilientLoader:
+              fence_window: int = 1000, grad_outliers: str | None = None, outlier_ratio: float = 100.0,
+              log_path: str | None = None) -> ResilientLoader:
     """``for batch in ftcomm.torch.resilient(loader):`` -- iterate a DataLoader so that a step
     interrupted by a rank failure is redone over the survivors. With spare ranks, pass ``model``
     and ``optimizer`` and loop over ``.epochs(E)``; ``check_every=M`` compares the ranks' state
-    every M steps (silent corruption at rest). See ``ResilientLoader``."""
+    every M steps (silent corruption at rest); ``grad_outliers="log"|"redo"`` watches the ranks'
+    gradient norms (silent corruption in backward). See ``ResilientLoader``."""
     return ResilientLoader(loader, process_group, model=model, optimizer=optimizer, extra_state=extra_state,
-                           check_every=check_every, fence_window=fence_window, log_path=log_path)
+                           check_every=check_every, fence_window=fence_window, grad_outliers=grad_outliers,
+                           outlier_ratio=outlier_ratio, log_path=log_path)
+
+
+def _watch_gradients(model, policy: str, ratio: float) -> GradOutlierCheck:
+    """The gradient outlier check, its comm hook registered on the DDP ``model``.
+
+    Raises:
+        ValueError: a bad policy or ratio, ``model`` is not a ``DistributedDataParallel`` module,
+            or it already has a comm hook (DDP takes one).
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    check = GradOutlierCheck(policy, ratio)
+    if not isinstance(model, DistributedDataParallel):
+        raise ValueError("ftcomm.torch.resilient: grad_outliers needs model= the DistributedDataParallel module, "
+                         f"not {type(model).__name__}")
+    group = ftcomm_group(model.process_group, "ftcomm.torch.resilient(grad_outliers=...)")
+    try:
+        model.register_comm_hook(None, ddp_hook(check, group))
+    except RuntimeError as exc:  # DDP allows one hook
+        raise ValueError(f"ftcomm.torch.resilient: grad_outliers registers a DDP comm hook, and the model has one "
+                         f"already ({exc})") from exc
+    return check

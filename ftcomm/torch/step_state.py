@@ -25,6 +25,7 @@ class _StepState:
         self.events: list[RecoveryEvent] = []
         self.hook = None
         self.joinable = 0          # running resilient loops a promoted spare can join
+        self.outlier_check = None  # the running loop's gradient outlier check (grad_outliers.py)
 
 
 STATE = _StepState()
@@ -85,11 +86,15 @@ def join_ready() -> bool:
 
 
 def _void_poisoned_step(optimizer, args, kwargs):
-    """Global optimizer-step pre-hook: in a poisoned step, drop every gradient so the step is a
-    no-op (optimizers skip parameters whose ``grad`` is None)."""
+    """Global optimizer-step pre-hook: in a poisoned step (a failure, or a gradient outlier under
+    the "redo" policy), drop every gradient so the step is a no-op (optimizers skip parameters
+    whose ``grad`` is None)."""
     if STATE.guards == 0:
         return None
     EXECUTOR.drain()
+    check = STATE.outlier_check
+    if check is not None and not STATE.poisoned and check.judge()[0]:
+        STATE.poisoned = True  # one rank's gradient was out of line: redo the step (same verdict on every rank)
     if STATE.poisoned:
         for group in optimizer.param_groups:
             for p in group["params"]:

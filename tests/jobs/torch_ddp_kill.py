@@ -1,5 +1,5 @@
 """Job (4 ranks): DDP training through ``ftcomm.torch.resilient`` while FTCOMM_FAULT kills a rank
-in a gradient bucket's allreduce. Reports every applied batch's sample ids (to check that no sample
+in a gradient bucket's allreduce (or flips bits: silent corruption). Reports every applied batch's sample ids (to check that no sample
 of an epoch is lost or used twice), that gradients after the recovery are averaged over the new
 world size, that survivors hold identical parameters, and the final training accuracy."""
 import argparse
@@ -19,6 +19,8 @@ parser.add_argument("--samples", type=int, default=384)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--check-every", type=int, default=0)
 parser.add_argument("--fence-window", type=int, default=1000)
+parser.add_argument("--grad-outliers", choices=["log", "redo"], default=None)
+parser.add_argument("--outlier-ratio", type=float, default=100.0)
 args = parser.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -31,7 +33,8 @@ model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
 ddp = DDP(model)
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, check_every=args.check_every,
-                                 fence_window=args.fence_window)
+                                 fence_window=args.fence_window, grad_outliers=args.grad_outliers,
+                                 outlier_ratio=args.outlier_ratio)
 
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
