@@ -53,13 +53,16 @@ class MpiError(FtError):
 
 
 class SilentCorruptionError(FtError):
-    """Data arrived corrupted (a ring chunk's checksum did not match its sender's): the step was
-    voided on every rank, nothing committed, every buffer bitwise as before; redo the step on the
-    same communicator (no rank failed, ``failed_ranks`` is empty).
+    """Silent data corruption: data arrived corrupted (a ring chunk's checksum did not match its
+    sender's), the ranks' results differ (their fingerprints in the commit agreement), or a state
+    check found a diverged rank without a majority. The step was voided on every rank, nothing
+    committed, every buffer bitwise as before; redo the step on the same communicator (no rank
+    failed, ``failed_ranks`` is empty).
 
     Attributes:
-        ranks: the implicated MPI_COMM_WORLD ranks, [sender, receiver] of the corrupted data
-            (empty if they could not be agreed on); the same on every rank.
+        ranks: the implicated MPI_COMM_WORLD ranks, the same on every rank: [sender, receiver]
+            of corrupted data; the ranks whose result differs from the majority's (every rank
+            without a strict majority); empty if they could not be agreed on.
     """
 
     def __init__(self, message: str, ranks=(), step: int | None = None, failed_ranks=()):

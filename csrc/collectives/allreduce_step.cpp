@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "collectives/checksum.h"
 #include "collectives/scratch.h"
+#include "fault/injection.h"
 
 namespace ftcomm {
 namespace {
@@ -49,6 +51,19 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   };
   body.undo = [&] {
     for (RingAllreduce& ring : rings) ring.Undo();
+  };
+  // Every rank must hold the same result: one more read pass over the buffers, with checksums on.
+  body.fingerprint = [&] {
+    const int world_rank = comm.world_ranks()[comm.rank()];
+    uint64_t fp = 0;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const RingBuffer& b = buffers[i];
+      const size_t bytes = b.count * ElementSize(b.dtype);
+      // tests: a flip in this rank's memory after the data arrived (not in transit)
+      if (i == 0) fault::Flip("result", world_rank, opt.step, -1, -1, b.data, bytes);
+      fp = fp * 0x9e3779b97f4a7c15ULL + WordSum(b.data, bytes);
+    }
+    return fp;
   };
   return RunCommittedStep(comm, "allreduce", buffers, opt, body, result);
 }

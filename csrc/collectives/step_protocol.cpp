@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,72 @@ constexpr double kAgreeGraceSeconds = 1.0;
 constexpr int kBitCompleted = 1;
 constexpr int kBitNoTimeout = 2;
 constexpr int kBitNoCorruption = 4;
+// With checksums, bits 3-16 hold a 14-bit fingerprint of the rank's result and bits 17-30 its
+// complement. The agreement ANDs both: they come back as each other's complement exactly when every
+// rank brought the same fingerprint (a bit where two ranks differ is cleared in both), so every rank
+// reaches the same verdict from the one agreement. A rank without a result brings all ones in both
+// (it changes neither AND; the step aborts anyway).
+constexpr int kFingerprintBits = 14;
+constexpr int kFingerprintMask = (1 << kFingerprintBits) - 1;
+constexpr int kFingerprintShift = 3;
+constexpr int kComplementShift = kFingerprintShift + kFingerprintBits;
+
+int FingerprintBits(uint64_t fingerprint, bool have) {
+  const int fp = have ? static_cast<int>(fingerprint & kFingerprintMask) : kFingerprintMask;
+  const int complement = have ? (~fp & kFingerprintMask) : kFingerprintMask;
+  return (fp << kFingerprintShift) | (complement << kComplementShift);
+}
+
+bool FingerprintsAgree(int agreed_flag) {
+  const int fp = (agreed_flag >> kFingerprintShift) & kFingerprintMask;
+  const int complement = (agreed_flag >> kComplementShift) & kFingerprintMask;
+  return (fp | complement) == kFingerprintMask;
+}
+
+// splitmix64's finalizer: every bit of the result depends on every bit of the input, so the 14
+// bits taken for the agreement are as good as any.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// After an agreement that found different results: one round of small messages in which every
+// rank learns every rank's full fingerprint; those outside the largest group of equal ones (all,
+// without a strict majority) are named, the same on every rank.
+Status ResultsDifferError(Communicator& comm, const char* name, const StepOptions& opt, uint64_t fingerprint) {
+  const int n = comm.size();
+  std::vector<int64_t> mine(n, -1), mins, maxs;
+  mine[comm.rank()] = static_cast<int64_t>(fingerprint >> 2);  // non-negative: -1 is "not mine"
+  std::string what = std::string(name) + " step " + std::to_string(opt.step) +
+                     " voided: silent data corruption: the ranks' results differ";
+  Status out = Status::Error(StatusCode::kCorruption, what + "; buffers unchanged, nothing committed: redo the step");
+  if (MinMaxAcrossRanks(comm, mine, &mins, &maxs, opt.timeout_s).ok()) {
+    std::map<int64_t, int> count;
+    for (int64_t v : maxs) ++count[v];
+    int64_t common = maxs[0];
+    for (const auto& [value, c] : count) {
+      if (c > count[common]) common = value;
+    }
+    const bool majority = 2 * count[common] > n;
+    std::vector<int> named;
+    std::string list;
+    for (int r = 0; r < n; ++r) {
+      if (majority && maxs[r] == common) continue;
+      named.push_back(comm.world_ranks()[r]);
+      list += (list.empty() ? "" : ", ") + std::to_string(comm.world_ranks()[r]);
+    }
+    const std::string who = named.size() == 1 ? "world rank " + list + " differs" : "world ranks " + list + " differ";
+    out = Status::Error(StatusCode::kCorruption,
+                        what + (majority ? ": " + who + " from the majority" : ": no majority; " + who) +
+                            "; buffers unchanged, nothing committed: redo the step");
+    out.failed_ranks = named;
+  }
+  out.step = opt.step;
+  return out;
+}
 
 // After an agreement that found corruption somewhere: every rank learns which world ranks were
 // implicated (the highest detecting rank and its sender), so that the error reads the same
@@ -322,8 +389,10 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
   if (!local.ok() && !corrupted && comm.ft_enabled()) comm.Revoke();
 
   fault::Point("commit", world_rank, opt.step);
+  const bool compare_results = opt.checksums && static_cast<bool>(body.fingerprint);
+  const uint64_t fingerprint = compare_results && local.ok() ? Mix(body.fingerprint()) : 0;
   int flag = (local.ok() || corrupted ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout) |
-             (corrupted ? 0 : kBitNoCorruption);
+             (corrupted ? 0 : kBitNoCorruption) | FingerprintBits(fingerprint, compare_results && local.ok());
   bool saw_failure = false;
   // What is left of the step's deadline, and a little more: after a failure every rank leaves
   // the ring at once (the communicator is revoked), so the agreement waits only for stragglers.
@@ -337,13 +406,15 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
                  comm.rank(), name, static_cast<long long>(opt.step), validate_s * 1e6, ring_s * 1e6,
                  result->agree_s * 1e6);
   }
-  if (agreed.ok() && !saw_failure && (flag & kBitCompleted) && (flag & kBitNoCorruption)) {
+  const bool same_results = FingerprintsAgree(flag);
+  if (agreed.ok() && !saw_failure && (flag & kBitCompleted) && (flag & kBitNoCorruption) && same_results) {
     if (body.commit) body.commit();
     comm.set_last_committed_step(opt.step);
     return Status::Ok();
   }
   if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
     if (body.undo) body.undo();
+    if (flag & kBitNoCorruption) return ResultsDifferError(comm, name, opt, fingerprint);
     return CorruptionError(comm, name, opt, local);
   }
   if (!agreed.ok()) {

@@ -5,12 +5,14 @@
 //   2. run: the collective's communication (StepBody::run); what it wrote into user buffers
 //      must be undoable (StepBody::undo), or it writes only into scratch.
 //   3. agree: one ULFM agreement (MPIX_Comm_agree, the ULFM chapter of the MPI 4 draft) on
-//      "every rank completed its run".
+//      "every rank completed its run" and, with checksums, on "every rank holds the same result"
+//      (a 14-bit fingerprint of the result and its complement ride in the same flag).
 //   4. commit (StepBody::commit publishes the results, the step id is recorded) or abort (undo,
 //      then revoke and shrink so that all survivors report the same failed ranks; the shrunk
 //      communicator waits in Communicator::TakeRecovered). A run that completed everywhere but
 //      found corrupted data somewhere (kCorruption) is voided without a shrink: undo, and the
 //      same kCorruption error on every rank, naming the ranks, the communicator still usable.
+//      So is a run whose results differ between ranks (a flip in memory after the data arrived).
 // A step id equal to the last committed one is a replay: a no-op with no communication.
 #pragma once
 
@@ -67,6 +69,9 @@ struct StepBody {
   std::function<Status(const Deadline&)> run;  // the communication, after a valid validation
   std::function<void()> undo;                  // restores user buffers `run` wrote, on abort
   std::function<void()> commit;                // publishes results, once every rank agreed
+  // A fingerprint of the results this rank would commit, for collectives whose results must be
+  // equal on every rank (allreduce); compared in the commit agreement when checksums are on.
+  std::function<uint64_t()> fingerprint;
 };
 
 // Runs one committed step of the collective `name` ("allreduce", "reduce-scatter"; it starts

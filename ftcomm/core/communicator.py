@@ -296,7 +296,9 @@ class Communicator:
             chunk_bytes: pipelining chunk of the ring, bytes (default FTCOMM_CHUNK_BYTES, 1 MiB).
             checksums: the transit guard against silent data corruption (default
                 FTCOMM_CHECKSUMS, off): each ring chunk's 64-bit word sum is checked on arrival
-                against its sender's before the commit. Host buffers only; the same on every rank.
+                against its sender's before the commit, and a 14-bit fingerprint of every rank's
+                result is compared in the commit agreement. Host buffers only; the same on every
+                rank.
 
         Returns:
             The step id committed (or replayed).
@@ -309,8 +311,10 @@ class Communicator:
                 the communicator on which to retry the step.
             RevokedError: the communicator was revoked (by a failure elsewhere); same rules.
             CollectiveTimeoutError: a peer stopped answering within ``timeout``.
-            SilentCorruptionError: with checksums, data arrived corrupted somewhere; on every
-                rank, buffers bitwise as before, the communicator still usable: redo the step.
+            SilentCorruptionError: with checksums, data arrived corrupted somewhere (``.ranks``:
+                [sender, receiver] world ranks), or the ranks' results differ (``.ranks``: the
+                ones that differ from the majority, or all without one); on every rank, buffers
+                bitwise as before, the communicator still usable: redo the step.
 
         Algorithm: reduce-scatter then allgather around the ring (Patarasuk & Yuan, JPDC 2009),
         pipelined by chunk; commit by one ULFM agreement (docs/DESIGN.md).

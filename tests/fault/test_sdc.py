@@ -1,6 +1,7 @@
-"""Silent data corruption in transit: a bit flipped in a ring chunk on arrival (FTCOMM_FAULT
-kind=bitflip). With the transit guard (checksums) every rank raises the same
-SilentCorruptionError naming sender and receiver, its buffer bitwise unchanged, nothing committed;
+"""Silent data corruption: a bit flipped (FTCOMM_FAULT kind=bitflip) in a ring chunk on arrival,
+in a rank's result before the commit, in a rank's gradient or parameters. In transit, with the
+guard (checksums) every rank raises the same SilentCorruptionError naming sender and receiver,
+its buffer bitwise unchanged, nothing committed;
 the redo on the same communicator equals the numpy reference on every rank. Without the guard the
 flip commits: the test shows what the guard is for."""
 import pytest
@@ -30,6 +31,7 @@ def test_flip_in_transit_is_caught_on_every_rank_and_redone(n, rank, point, ring
     assert sorted(reports) == list(range(n)), job.describe()
     sender = (rank - 1) % n
     for rep in reports.values():
+        assert "in transit" in rep["error"].pop("message")
         assert rep["error"] == {"type": "SilentCorruptionError", "step": 1, "ranks": [sender, rank],
                                 "failed_ranks": [], "unchanged": True, "names_ranks": True}, rep
         assert rep["correct"] is True
@@ -46,6 +48,27 @@ def test_without_the_guard_a_flip_commits_silently():
     reports = job.by_rank()
     assert all(rep["error"] is None for rep in reports.values())
     assert not all(rep["correct"] for rep in reports.values())  # the corrupted sum was committed
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("n,named,words", [(4, [1], "world rank 1 differs from the majority"),
+                                           (2, [0, 1], "no majority; world ranks 0, 1 differ")])
+def test_a_rank_whose_result_differs_is_named_and_the_step_redone(n, named, words):
+    """A flip in world rank 1's result after the ring (in its memory, not in transit: every
+    checksum matches): the results' fingerprints, agreed with the commit, differ, so no rank commits;
+    every rank raises the same error naming the odd rank out (both, at 2 ranks), buffers unchanged,
+    and the redo equals numpy's result."""
+    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", 1,
+                  env={"FTCOMM_FAULT": "rank=1,point=result,step=1,kind=bitflip"}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert sorted(reports) == list(range(n)), job.describe()
+    for rep in reports.values():
+        error = rep["error"]
+        assert (error["type"], error["step"], error["ranks"], error["unchanged"]) == ("SilentCorruptionError", 1, named, True)
+        assert words in error["message"] and "the ranks' results differ" in error["message"]
+        assert rep["correct"] is True and rep["last_committed"] == 1
+    assert len({rep["digest"] for rep in reports.values()}) == 1
 
 
 def _runs(job_file, args, flip, by_rank_kind):

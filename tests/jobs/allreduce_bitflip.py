@@ -1,5 +1,6 @@
 """One allreduce step with a bit flipped in a ring chunk on arrival (FTCOMM_FAULT kind=bitflip:
-silent corruption in transit), then the redo on the same communicator.
+silent corruption in transit) or in a rank's result before the commit (point=result), then the
+redo on the same communicator.
 
 Usage: allreduce_bitflip.py COUNT DTYPE OP CHECKSUMS(0|1). Every rank reports the error it raised
 (type, step, implicated ranks, whether its buffer was bitwise unchanged) and whether the result
@@ -26,7 +27,7 @@ try:
     comm.allreduce(bucket, op=op, step=1, chunk_bytes=4096, checksums=guard)
 except ftcomm.SilentCorruptionError as exc:
     error = {"type": type(exc).__name__, "step": exc.step, "ranks": exc.ranks, "failed_ranks": exc.failed_ranks,
-             "unchanged": digest(buf) == before, "names_ranks": f"world rank {exc.ranks[1]}" in str(exc)}
+             "unchanged": digest(buf) == before, "names_ranks": f"world rank {exc.ranks[-1]}" in str(exc), "message": str(exc)}
     comm.allreduce(bucket, op=op, step=1, chunk_bytes=4096, checksums=guard)  # the redo: the flip was transient
 ref = reference([rank_input(r, count, dtype, op, seed=5) for r in comm.world_ranks], dtype, op)
 tail_ref = reference([np.full(3, r + 1.0) for r in comm.world_ranks], "float64", op)
