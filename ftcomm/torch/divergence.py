@@ -14,7 +14,9 @@ optimizer state (``ftcomm.core.fingerprint``: XXH3-64, allgathered, majority vot
   raises ``SilentCorruptionError`` (fall back to a checkpoint).
 
 Every event goes to ``ftcomm.corruptions()`` and stderr. A ZeroRedundancyOptimizer's state is
-sharded (not equal across ranks), so only the model is fingerprinted then.
+sharded (not equal across ranks), so only the model is fingerprinted then; its shards and their
+replicas are scrubbed against their own checksums instead (``ShardedOptimizer.check_state``,
+``ftcomm/training/scrub.py``), and a bad copy is rebuilt from an intact one.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import torch
 from ..core import fault
 from ..core.events import CorruptionEvent, record_corruption
 from ..core.fingerprint import compare, digest
-from ..errors import FtError, SilentCorruptionError
+from ..errors import FtError, SilentCorruptionError, StateLostError
 from .join import _module
 from .zero import ZeroRedundancyOptimizer
 
@@ -71,6 +73,13 @@ class DivergenceGuard:
         if not self.check_every or step % self.check_every:
             return
         comm = pg.comm
+        if isinstance(optimizer, ZeroRedundancyOptimizer) and optimizer.sharded is not None:
+            try:
+                optimizer.sharded.check_state()
+            except StateLostError:
+                raise
+            except FtError:
+                return
         first = next(iter(_module(model).parameters()), None)
         if first is not None and first.device.type == "cpu":  # tests: a flip in this rank's memory
             fault.flip("params", comm.world_rank, step, first.data)

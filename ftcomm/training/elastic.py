@@ -189,7 +189,7 @@ def _as_stats(value) -> list:
 def run(train_step, state: State, *, epochs: int | None = None, steps: int | None = None,
         log_path: str | None = None, progress: bool = True, checkpoint_dir: str | None = None,
         checkpoint_every: int = 0, on_commit=None, on_recover=None,
-        max_recoveries: int = 16, policy: str | None = None) -> Summary:
+        max_recoveries: int = 16, policy: str | None = None, check_every: int = 0) -> Summary:
     """Trains until ``steps`` committed steps (or ``epochs`` epochs), surviving rank failures.
 
     Args:
@@ -213,6 +213,10 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             size stays as it was while spares last; a promoted spare runs this same function: its
             ShardedOptimizer joined the survivors' rebuild, and it starts at the interrupted step
             with the replaced rank's data position and RNG (event "joined").
+        check_every: every M committed steps, scrub the sharded state for silent corruption at
+            rest (``ShardedOptimizer.check_state``: each live shard and replica against its
+            checksum; a bad copy is rebuilt from intact ones; event "corruption"). 0 (default):
+            never.
 
     Returns:
         Summary.
@@ -221,6 +225,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         StateLostError: a shard and its replicas were lost and there is no disk checkpoint.
         FtError: more than ``max_recoveries`` failures, or a recovery that could not complete.
     """
+    if check_every < 0:
+        raise ValueError(f"elastic.run: check_every must be >= 0, not {check_every}")
     opt, sampler = state.optimizer, state.sampler
     total = steps if steps is not None else epochs * sampler.steps_per_epoch
     log = EventLog(log_path, opt.comm.world_rank, echo=opt.comm.rank == 0 and progress)
@@ -246,6 +252,10 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         try:
             stats = _as_stats(train_step(state, batch)) + [float(len(batch.indices))]
             summed = opt.step(stats=stats, meta=state.capture(advanced=True))
+            if check_every and opt.step_id % check_every == 0:
+                found = opt.check_state()  # a failure in it: recovered below, the step stays committed
+                if found is not None:
+                    log.record(event="corruption", **found.as_dict())
         except FtError as error:
             summary.failures += 1
             if summary.failures > max_recoveries:

@@ -26,13 +26,14 @@ import numpy as np
 import torch
 
 from ..core import fault
+from ..core.events import CorruptionEvent
 from ..core.outcome import agreed, redone_on_corruption, retrying
 from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
 from ..membership import nodes
 from . import rebuild as _rebuild
-from . import storage
+from . import scrub, storage
 from .layout import ShardLayout
-from .replica import ReplicaStore, encode_header
+from .replica import ReplicaStore, checksum, encode_header
 from .stepper import GroupRange, ShardStepper, resolve
 
 _F32 = np.float32
@@ -389,6 +390,27 @@ class ShardedOptimizer:
         self._bind(flat)
         self.store.commit()
         self.step_id, self.committed_meta = step, dict(meta)
+
+    def live_is_valid(self) -> bool:
+        """Whether this rank's live shard still hashes to what its buddies received with the last
+        committed replicas (True when nothing was replicated yet)."""
+        digest = self.store.own_digest
+        return digest is None or checksum(self.live) == digest
+
+    def check_state(self) -> CorruptionEvent | None:
+        """Scrubs the sharded state for silent corruption at rest (``scrub.py``): every rank's live
+        shard against the checksum it replicated, every replica against its header; a bad copy
+        anywhere makes every rank rebuild the committed state from good copies. Collective.
+
+        Returns:
+            The event (also in ``ftcomm.corruptions()``), or None when everything was intact.
+
+        Raises:
+            StateLostError: a shard has no intact copy left.
+            ProcFailedError etc.: a rank failed during the check; recover and rebuild as after a
+                failed step (the committed state is unchanged).
+        """
+        return scrub.check_state(self)
 
     def gather_state(self) -> dict:
         """Every slot of the full (unsharded) committed state, for tests and checkpoints:

@@ -53,7 +53,7 @@ def choose_sources(old: ShardLayout, alive_world: set, replicas: int, bad=frozen
     return sources, lost
 
 
-def _agree_bits(comm, good: set, count: int, timeout) -> set:
+def agree_bits(comm, good: set, count: int, timeout) -> set:
     """Items 0..count-1 that every rank calls good (bitwise AND over agreements of 31 bits)."""
     agreed = set()
     for base in range(0, count, _BITS):
@@ -107,8 +107,9 @@ def _broadcast_json(comm, root: int, value, timeout):
 
 
 def verified_sources(opt, comm, old: ShardLayout, step: int) -> dict:
-    """Chooses a source per old shard and checks each replica used (header step and shard, checksum)
-    by an agreement; a bad replica makes the next buddy the source.
+    """Chooses a source per old shard and checks each copy used (a replica's header step, shard and
+    checksum; an owner's live shard against the checksum it replicated) by an agreement; a bad copy
+    makes the next buddy the source.
 
     Raises:
         StateLostError: some shard has no valid copy left (the same on every survivor).
@@ -124,11 +125,13 @@ def verified_sources(opt, comm, old: ShardLayout, step: int) -> dict:
                 f"shard(s) {lost} of step {step} lost: the owner and all {opt.replicas} buddies failed "
                 f"(old ranks {failed}, world ranks {[old.world_ranks[r] for r in failed]})",
                 lost_shards=lost, step=step, failed_ranks=failed)
-        # Replicas this rank serves; the owner's own live shard needs no check.
-        mine = {s for s, h in sources.items() if h == me_old and s != me_old}
-        good = {s for s in range(old.size) if s not in mine or opt.store.get(s) is not None
-                and opt.store.get(s).is_valid(s, step)}
-        agreed_good = _agree_bits(comm, good, old.size, opt.timeout)
+        # Copies this rank serves: replicas against their headers, its own live shard against
+        # the checksum its buddies received (a flip in the owner's memory since then: a buddy's
+        # replica is used instead).
+        mine = {s for s, h in sources.items() if h == me_old}
+        good = {s for s in range(old.size) if s not in mine or (s == me_old and opt.live_is_valid())
+                or s != me_old and opt.store.get(s) is not None and opt.store.get(s).is_valid(s, step)}
+        agreed_good = agree_bits(comm, good, old.size, opt.timeout)
         newly_bad = {(s, sources[s]) for s in sources if s not in agreed_good}
         if not newly_bad:
             return sources

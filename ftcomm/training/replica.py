@@ -98,6 +98,10 @@ class ReplicaStore:
         self.replicas = replicas
         self.committed: dict[int, Replica] = {}  # shard id -> replica of the last committed step
         self.pending: dict[int, Replica] = {}
+        # XXH3-64 of this rank's own shard as its buddies received it, committed generation and
+        # pending one: what the owner's live shard must still hash to (``ShardedOptimizer.check_state``).
+        self.own_digest: int | None = None
+        self._own_digest_pending: int | None = None
         self._pool: list[Replica] = []  # spare buffers from an older generation
 
     def _buffer(self, shape, capacity: int = 0) -> Replica:
@@ -128,6 +132,7 @@ class ReplicaStore:
             (local outcome; the caller agrees afterwards). The committed set is untouched.
         """
         self.discard_pending()
+        self._own_digest_pending = (decode_header(header) or {}).get("xxh3")
         rank, size = comm.rank, comm.size
         nodes = nodes_of(comm.world_ranks)  # node-aware placement once nodes are registered
         shard_len = state.shape[1]
@@ -149,11 +154,13 @@ class ReplicaStore:
         rank's pending set is complete); the old committed buffers are kept for reuse."""
         self._pool.extend(self.committed.values())
         self.committed, self.pending = self.pending, {}
+        self.own_digest, self._own_digest_pending = self._own_digest_pending, None
 
     def discard_pending(self) -> None:
         """Drops an incomplete pending set (after an aborted step); the committed set stays."""
         self._pool.extend(self.pending.values())
         self.pending = {}
+        self._own_digest_pending = None
 
     def get(self, shard: int) -> Replica | None:
         """The committed replica of ``shard``, if this rank keeps one."""

@@ -183,3 +183,39 @@ def test_gradient_norm_check_raises_no_false_alarm_in_1000_healthy_steps():
     assert sorted(finals) == [0, 1, 2, 3]
     for rep in finals.values():
         assert (rep["applied"], rep["redone"], rep["corruptions"]) == (1000, 0, [])
+
+
+# (job, its arguments, flip, event action): a flip at rest in a live shard or a replica, scrubbed
+# every 2 steps (ShardedOptimizer.check_state) under the elastic driver and torch's ZeRO.
+AT_REST = [
+    ("elastic_train.py", ["--epochs", 1, "--check-every", 2], "rank=1,point=shard,step=4,kind=bitflip",
+     [4, [1], "rebuilt from intact copies (live shard of world rank(s) [1])"]),
+    ("elastic_train.py", ["--epochs", 1, "--check-every", 2], "rank=2,point=replica,step=4,kind=bitflip",
+     [4, [2], "rebuilt from intact copies (replica(s) held by world rank(s) [2])"]),
+    ("torch_zero.py", ["--mode", "kill", "--epochs", 1, "--check-every", 2], "rank=1,point=shard,step=4,kind=bitflip",
+     [4, [1], "rebuilt from intact copies (live shard of world rank(s) [1])"]),
+    ("torch_zero.py", ["--mode", "kill", "--epochs", 1, "--check-every", 2], "rank=3,point=replica,step=6,kind=bitflip",
+     [6, [3], "rebuilt from intact copies (replica(s) held by world rank(s) [3])"]),
+]
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("job_file,args,flip,event", AT_REST, ids=["elastic-shard", "elastic-replica", "zero-shard",
+                                                                  "zero-replica"])
+def test_sharded_state_flipped_at_rest_is_rebuilt_from_intact_copies(job_file, args, flip, event):
+    """A bit flipped in an owner's live shard or in a buddy's replica between two steps: the
+    scrub finds it on its checksum, every rank logs the same event and rebuilds from intact copies;
+    the run ends with the clean run's parameters and whole optimizer state, bitwise."""
+    final = (lambda job: job.by_rank(event="done")) if job_file == "elastic_train.py" else \
+        (lambda job: job.by_rank(kind="final"))
+    out = []
+    for fault in ("", flip):
+        job = run_job(JOBS / job_file, 4, *args, env={"FTCOMM_FAULT": fault}, timeout=150)
+        assert job.returncode == 0, job.describe()
+        out.append(final(job))
+    clean, flipped = out
+    assert sorted(flipped) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert clean[rank]["corruptions"] == [] and flipped[rank]["corruptions"] == [event]
+        assert (flipped[rank]["params"], flipped[rank]["state"]) == (clean[rank]["params"], clean[rank]["state"])

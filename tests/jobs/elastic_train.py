@@ -1,6 +1,7 @@
 """Job: the elastic driver on a synthetic classification set. Every rank reports the sample
 indices it used in each committed step ("used"), so the test can account for every sample.
-Kills come from FTCOMM_FAULT (point train_step); --checkpoint-dir enables the disk fallback.
+Kills come from FTCOMM_FAULT (point train_step); --checkpoint-dir enables the disk fallback;
+--check-every M scrubs the sharded state every M steps (bit flips: points shard, replica).
 Reports: "used" (per committed step), "recovered" (per recovery), "state_lost", "done".
 """
 import argparse
@@ -19,6 +20,7 @@ p.add_argument("--batch", type=int, default=32)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--checkpoint-dir")
 p.add_argument("--checkpoint-every", type=int, default=0)
+p.add_argument("--check-every", type=int, default=0)
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -52,13 +54,15 @@ def on_recover(state, event):
 try:
     summary = elastic.run(train_step, state, epochs=args.epochs, progress=False, on_commit=on_commit,
                           on_recover=on_recover, checkpoint_dir=args.checkpoint_dir,
-                          checkpoint_every=args.checkpoint_every)
+                          checkpoint_every=args.checkpoint_every, check_every=args.check_every)
 except ftcomm.StateLostError as lost:
     report(event="state_lost", lost_shards=lost.lost_shards, step=lost.step)
     raise SystemExit(0)
+full_state = opt.gather_state()
 model.eval()
 acc = float((model(X).argmax(1) == Y).float().mean())
 report(event="done", steps=summary.steps, failures=summary.failures, redone=summary.redone_steps,
        size=summary.world_size, accuracy=acc, epoch=state.sampler.epoch,
        params=hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest(),
-       corruptions=[(e.step, e.ranks, e.action) for e in ftcomm.corruptions()])
+       corruptions=[(e.step, e.ranks, e.action) for e in ftcomm.corruptions()],
+       state=hashlib.sha256(b"".join(full_state[k].tobytes() for k in sorted(full_state))).hexdigest())

@@ -9,7 +9,8 @@ param groups and an LR scheduler.
     state slot); after a voided step (and the hand-over, when a spare took the dead rank's place:
     ftcomm-run --spares) it reports whether the rebuilt state equals the last snapshot bitwise. At
     the end: digests and values of the parameters, a digest of the state, CRC-32 of this rank's
-    shard and of each replica it keeps.
+    shard and of each replica it keeps, and the corruption events (--check-every M scrubs the
+    shards and replicas every M steps; bit flips at points shard and replica).
 """
 import argparse
 import hashlib
@@ -32,6 +33,7 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--samples", type=int, default=384)
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--replicas", type=int, default=1)
+parser.add_argument("--check-every", type=int, default=0)
 args = parser.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -58,7 +60,7 @@ model = make_model()
 ddp = DDP(model)
 opt = ftcomm.torch.ZeroRedundancyOptimizer(groups(model), OPT, replicas=args.replicas, **HYPER)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
-batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, extra_state=[sched])
+batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, extra_state=[sched], check_every=args.check_every)
 
 
 def whole_state():
@@ -139,4 +141,5 @@ else:
            live_crc=zlib.crc32(engine.live.tobytes()),
            replica_crcs={str(s): zlib.crc32(r.state.tobytes()) for s, r in engine.store.committed.items()},
            joined=batches.joined, values=torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
-           recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.where) for e in ftcomm.torch.recoveries()])
+           recoveries=[(e.lost_world_ranks, e.old_size, e.new_size, e.where) for e in ftcomm.torch.recoveries()],
+           corruptions=[(e.step, e.ranks, e.action) for e in ftcomm.corruptions()])
