@@ -5,10 +5,14 @@ second group over the same TCP store: 127.0.0.1 and a port agreed through an MPI
 ftcomm/torch/rendezvous.py), and two identical DDP replicas of one MLP, one per group. Rounds
 alternate which backend goes first; each round times ``--steps`` full training steps (forward,
 backward with DDP's gradient allreduce, AdamW) per backend. Reported: median step time per
-backend and the ratio ftcomm / gloo (below 1.0 = ftcomm faster).
+backend and the ratio ftcomm / gloo (below 1.0 = ftcomm faster). ``--grad-outliers`` adds a
+third replica on the ftcomm group with the gradient outlier check's comm hook (each rank's bucket
+norm sent along with the bucket, ``ftcomm/torch/grad_outliers.py``) and reports its cost against
+plain ftcomm, measured in the same rounds.
 
     python benchmarks/ddp.py                      # 2 and 4 ranks, prints a table, writes results/
     python benchmarks/ddp.py --ranks 2 --hidden 2048 --rounds 10
+    python benchmarks/ddp.py --grad-outliers      # also the outlier check's cost
 
 Writes results/ddp-<time>.json (the directory is git-ignored).
 """
@@ -37,6 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=6, help="rounds (default 6)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per backend first (default 3)")
     p.add_argument("--timeout", type=float, default=600, help="per-job timeout in seconds (default 600)")
+    p.add_argument("--grad-outliers", action="store_true", help="also time ftcomm with the gradient outlier check")
     p.add_argument("--out", help="JSON output path (default results/ddp-<time>.json)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # inside the MPI job: write results here
     return p.parse_args(argv)
@@ -64,10 +69,18 @@ def worker(args) -> None:
         layers.append(nn.Linear(width_in, 10))
         return nn.Sequential(*layers)
 
+    if args.grad_outliers:
+        groups["ftcomm+norms"] = groups["ftcomm"]
     replicas = {}
     for name, group in groups.items():
         model = DDP(make_model(), process_group=group)
         replicas[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    if args.grad_outliers:
+        from ftcomm.torch.grad_outliers import GradOutlierCheck, ddp_hook
+        from ftcomm.torch.process_group import ftcomm_group
+
+        replicas["ftcomm+norms"][0].register_comm_hook(
+            None, ddp_hook(GradOutlierCheck("log"), ftcomm_group(groups["ftcomm"], "benchmark")))
     n_params = sum(p.numel() for p in replicas["ftcomm"][0].parameters())
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 256, generator=gen)
@@ -91,15 +104,19 @@ def worker(args) -> None:
         for name in order:
             times[name].append(run(name, args.steps))
     # the slowest rank's time is the step time
-    t = torch.tensor([times["ftcomm"], times["gloo"]], dtype=torch.float64)
+    names = list(groups)
+    t = torch.tensor([times[name] for name in names], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["gloo"])
     if rank == 0:
         result = {"ranks": size, "params": n_params, "grad_mib": n_params * 4 / 2**20,
-                  "batch": args.batch, "steps": args.steps, "rounds": args.rounds,
-                  "ftcomm_s": t[0].tolist(), "gloo_s": t[1].tolist()}
-        result["ftcomm_median_s"] = statistics.median(result["ftcomm_s"])
-        result["gloo_median_s"] = statistics.median(result["gloo_s"])
+                  "batch": args.batch, "steps": args.steps, "rounds": args.rounds}
+        for i, name in enumerate(names):
+            result[f"{name}_s"] = t[i].tolist()
+            result[f"{name}_median_s"] = statistics.median(result[f"{name}_s"])
         result["ratio"] = result["ftcomm_median_s"] / result["gloo_median_s"]
+        if args.grad_outliers:
+            # per round, so that both see the same load: the median of the per-round ratios
+            result["norms_cost"] = statistics.median(a / b for a, b in zip(result["ftcomm+norms_s"], result["ftcomm_s"])) - 1
         Path(args.worker).write_text(json.dumps(result))
     # Orderly teardown: replicas (and their reducers) first, then both groups, all ranks together.
     del replicas, model
@@ -119,16 +136,19 @@ def main(argv=None) -> int:
             cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(n), "--timeout", str(args.timeout),
                    sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
-                   "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+                   "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)] + \
+                (["--grad-outliers"] if args.grad_outliers else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
             if proc.returncode != 0 or not out.exists():
                 print(f"job with {n} ranks failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
                 return 1
             rows.append(json.loads(out.read_text()))
-    print(f"{'ranks':>5} {'params':>9} {'grad MiB':>8} {'ftcomm ms':>10} {'gloo ms':>9} {'ratio':>6}")
+    print(f"{'ranks':>5} {'params':>9} {'grad MiB':>8} {'ftcomm ms':>10} {'gloo ms':>9} {'ratio':>6}"
+          + (f" {'+norms ms':>10} {'cost':>6}" if args.grad_outliers else ""))
     for r in rows:
         print(f"{r['ranks']:>5} {r['params']:>9} {r['grad_mib']:>8.1f} {r['ftcomm_median_s'] * 1e3:>10.2f} "
-              f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x")
+              f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x"
+              + (f" {r['ftcomm+norms_median_s'] * 1e3:>10.2f} {r['norms_cost']:>+6.1%}" if args.grad_outliers else ""))
     path = Path(args.out) if args.out else REPO / "results" / f"ddp-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host_cpus": os.cpu_count(), "torch_threads": 1, "runs": rows}, indent=1))
