@@ -119,7 +119,8 @@ void RegisterEnums(py::module_& m) {
       .value("ULFM_UNAVAILABLE", StatusCode::kUlfmUnavailable)
       .value("INVALID_INPUT", StatusCode::kInvalidInput)
       .value("MPI_ERROR", StatusCode::kMpiError)
-      .value("CORRUPTION", StatusCode::kCorruption);
+      .value("CORRUPTION", StatusCode::kCorruption)
+      .value("RESULTS_DIFFER", StatusCode::kResultsDiffer);
   py::enum_<ftcomm::DType>(m, "DType", py::arithmetic(), "Element types (collectives/dtype.h).")
       .value("FLOAT32", ftcomm::DType::kFloat32)
       .value("FLOAT64", ftcomm::DType::kFloat64)

@@ -16,6 +16,7 @@ class StatusCode:
     INVALID_INPUT: StatusCode
     MPI_ERROR: StatusCode
     CORRUPTION: StatusCode
+    RESULTS_DIFFER: StatusCode
     __members__: dict[str, StatusCode]
 
 class DType(IntEnum):

@@ -63,11 +63,15 @@ class SilentCorruptionError(FtError):
         ranks: the implicated MPI_COMM_WORLD ranks, the same on every rank: [sender, receiver]
             of corrupted data; the ranks whose result differs from the majority's (every rank
             without a strict majority); empty if they could not be agreed on.
+        checked: what caught it: "ring chunk checksums", "result fingerprints", or the state
+            check's description.
     """
 
-    def __init__(self, message: str, ranks=(), step: int | None = None, failed_ranks=()):
+    def __init__(self, message: str, ranks=(), step: int | None = None, failed_ranks=(),
+                 checked: str = "ring chunk checksums"):
         super().__init__(message, failed_ranks=failed_ranks, step=step)
         self.ranks = list(ranks)
+        self.checked = checked
 
 
 class StateLostError(FtError):

@@ -1,8 +1,13 @@
 #include "collectives/step_protocol.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -205,6 +210,27 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A rank whose result differed from a strict majority's is suspect; singled out again within
+// kFenceWindowSteps committed steps (of any communicator of this process) it is faulty, not
+// unlucky: it fences itself (SIGKILL), and its peers recover from it as from any failure (shrink,
+// or a spare in its place). Once is not enough: one flip in memory is a transient fault.
+constexpr int64_t kFenceWindowSteps = 1000;
+std::atomic<int64_t> g_committed_steps{0};
+std::atomic<int64_t> g_last_odd_one_out{std::numeric_limits<int64_t>::min() / 2};
+
+void FenceIfOddOneOutAgain(Communicator& comm, const std::string& why) {
+  const int64_t now = g_committed_steps.load();
+  const int64_t last = g_last_odd_one_out.exchange(now);
+  if (now - last > kFenceWindowSteps) return;
+  std::fprintf(stderr,
+               "ftcomm: world rank %d fences itself (pid %d): %s, again within %lld committed steps; "
+               "SIGKILL so that its peers go on without it\n",
+               comm.world_ranks()[comm.rank()], static_cast<int>(getpid()), why.c_str(),
+               static_cast<long long>(kFenceWindowSteps));
+  std::fflush(stderr);
+  kill(getpid(), SIGKILL);
+}
+
 // After an agreement that found different results: one round of small messages in which every
 // rank learns every rank's full fingerprint; those outside the largest group of equal ones (all,
 // without a strict majority) are named, the same on every rank.
@@ -214,7 +240,7 @@ Status ResultsDifferError(Communicator& comm, const char* name, const StepOption
   mine[comm.rank()] = static_cast<int64_t>(fingerprint >> 2);  // non-negative: -1 is "not mine"
   std::string what = std::string(name) + " step " + std::to_string(opt.step) +
                      " voided: silent data corruption: the ranks' results differ";
-  Status out = Status::Error(StatusCode::kCorruption, what + "; buffers unchanged, nothing committed: redo the step");
+  Status out = Status::Error(StatusCode::kResultsDiffer, what + "; buffers unchanged, nothing committed: redo the step");
   if (MinMaxAcrossRanks(comm, mine, &mins, &maxs, opt.timeout_s).ok()) {
     std::map<int64_t, int> count;
     for (int64_t v : maxs) ++count[v];
@@ -231,10 +257,11 @@ Status ResultsDifferError(Communicator& comm, const char* name, const StepOption
       list += (list.empty() ? "" : ", ") + std::to_string(comm.world_ranks()[r]);
     }
     const std::string who = named.size() == 1 ? "world rank " + list + " differs" : "world ranks " + list + " differ";
-    out = Status::Error(StatusCode::kCorruption,
+    out = Status::Error(StatusCode::kResultsDiffer,
                         what + (majority ? ": " + who + " from the majority" : ": no majority; " + who) +
                             "; buffers unchanged, nothing committed: redo the step");
     out.failed_ranks = named;
+    if (majority && maxs[comm.rank()] != common) FenceIfOddOneOutAgain(comm, "its allreduce result differed from the majority's");
   }
   out.step = opt.step;
   return out;
@@ -410,11 +437,12 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
   if (agreed.ok() && !saw_failure && (flag & kBitCompleted) && (flag & kBitNoCorruption) && same_results) {
     if (body.commit) body.commit();
     comm.set_last_committed_step(opt.step);
+    g_committed_steps.fetch_add(1);
     return Status::Ok();
   }
   if (agreed.ok() && !saw_failure && (flag & kBitCompleted)) {
     if (body.undo) body.undo();
-    if (flag & kBitNoCorruption) return ResultsDifferError(comm, name, opt, fingerprint);
+    if (flag & kBitNoCorruption) return ResultsDifferError(comm, name, opt, fingerprint);  // kResultsDiffer
     return CorruptionError(comm, name, opt, local);
   }
   if (!agreed.ok()) {

@@ -12,7 +12,8 @@
 //      communicator waits in Communicator::TakeRecovered). A run that completed everywhere but
 //      found corrupted data somewhere (kCorruption) is voided without a shrink: undo, and the
 //      same kCorruption error on every rank, naming the ranks, the communicator still usable.
-//      So is a run whose results differ between ranks (a flip in memory after the data arrived).
+//      So is a run whose results differ between ranks (a flip in memory after the data arrived),
+//      with kResultsDiffer; a rank singled out that way twice within 1000 steps fences itself.
 // A step id equal to the last committed one is a replay: a no-op with no communication.
 #pragma once
 

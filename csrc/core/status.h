@@ -19,6 +19,9 @@ enum class StatusCode : int {
   kMpiError = 6,         // any other MPI error
   kCorruption = 7,       // silent data corruption: a checksum did not match; nothing committed.
                          // failed_ranks then holds the implicated ranks (sender, receiver), alive
+  kResultsDiffer = 8,    // silent data corruption: the ranks' result fingerprints differ; nothing
+                         // committed. failed_ranks: those that differ from a strict majority (all
+                         // without one), alive
 };
 
 struct Status {

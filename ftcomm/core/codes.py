@@ -60,5 +60,7 @@ def exception_from_status(code, message: str, failed_ranks, step: int) -> FtErro
     step = None if step < 0 else step
     if code == StatusCode.CORRUPTION:  # its ranks are the implicated world ranks, not failed ones
         return SilentCorruptionError(message, ranks=failed_ranks, step=step)
+    if code == StatusCode.RESULTS_DIFFER:
+        return SilentCorruptionError(message, ranks=failed_ranks, step=step, checked="result fingerprints")
     cls = _ERROR_OF_STATUS.get(code, FtError)
     return cls(message, failed_ranks=failed_ranks, step=step)

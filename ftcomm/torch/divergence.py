@@ -93,7 +93,8 @@ class DivergenceGuard:
             record_corruption(CorruptionEvent(step, found.world_ranks, "DDP state", CHECKED, "raised: no majority"))
             raise SilentCorruptionError(
                 f"ftcomm.torch: DDP state diverged across ranks after step {step} with no majority to trust "
-                f"(digests by rank: {found.digests}); restore from a checkpoint", ranks=found.world_ranks, step=step)
+                f"(digests by rank: {found.digests}); restore from a checkpoint", ranks=found.world_ranks, step=step,
+                checked=CHECKED)
         repeat = [r for r in found.suspects if step - self._last_repair.get(r, -10**12) <= self.fence_window]
         if repeat:
             record_corruption(CorruptionEvent(step, found.suspects, "DDP state", CHECKED,

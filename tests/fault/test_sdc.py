@@ -219,3 +219,23 @@ def test_sharded_state_flipped_at_rest_is_rebuilt_from_intact_copies(job_file, a
     for rank in range(4):
         assert clean[rank]["corruptions"] == [] and flipped[rank]["corruptions"] == [event]
         assert (flipped[rank]["params"], flipped[rank]["state"]) == (clean[rank]["params"], clean[rank]["state"])
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+def test_rank_whose_result_differs_twice_fences_itself_and_ddp_goes_on():
+    """World rank 2's allreduce result flipped in its memory at two gradient steps (checksums on):
+    the first time it is singled out by the majority and the step is redone; the second time,
+    within 1,000 steps, it fences itself and the survivors recover from it as from any failure
+    (shrink), ending with identical parameters."""
+    flips = "rank=2,point=result,step=3,kind=bitflip;rank=2,point=result,step=6,kind=bitflip"
+    job = run_job(JOBS / "torch_ddp_kill.py", 4, "--epochs", 1,
+                  env={"FTCOMM_FAULT": flips, "FTCOMM_CHECKSUMS": "1"}, timeout=120)
+    assert job.returncode == 0, job.describe()
+    assert "world rank 2 fences itself" in job.stderr
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 3], job.describe()
+    for rep in finals.values():
+        assert rep["size"] == 3 and [r[:3] for r in rep["recoveries"]] == [[[2], 4, 3]]
+        assert rep["corruptions"] == [[3, [2], "redone"], [6, [2], "redone"]]
+    assert len({rep["params"] for rep in finals.values()}) == 1
