@@ -46,8 +46,10 @@ HISTORY = 64  # steps whose median norm set the floor of the reference
 
 def sq_norm(tensor: torch.Tensor) -> torch.Tensor:
     """Squared L2 norm of ``tensor`` (floating point, any device) as a float64 scalar tensor on
-    its device (no host sync); inf or nan when an element is."""
-    return torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64).square()
+    its device (no host sync); inf or nan when an element is. Accumulated in the tensor's own
+    dtype: a float64 accumulation would first copy the whole bucket to float64 (it doubled the
+    check's cost), and an overflow to inf is an outlier anyway."""
+    return torch.linalg.vector_norm(tensor.detach()).double().square()
 
 
 def outliers(norms: list[float], ratio: float, floor: float = 0.0) -> list[int]:
