@@ -83,7 +83,9 @@ std::string MpiFamily() {
 }
 
 #if FTCOMM_ULFM_OPENMPI
-// Open MPI's own switch (ompi/runtime/params.h), exported by libmpi but not an MCA parameter.
+// Open MPI's own switch (ompi/runtime/params.h), exported by libmpi; the MCA parameter
+// async_mpi_finalize sets it too, but only where the launcher passes it: set here, it holds
+// however the job was started.
 extern "C" bool ompi_async_mpi_finalize;
 #endif
 

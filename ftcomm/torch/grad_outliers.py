@@ -4,12 +4,15 @@ ring's checksums (the data arrive as sent) nor the state check (the corrupted av
 on every rank alike) can see.
 
 Each rank's local gradient norm rides along with DDP's gradient allreduce: a DDP comm hook
-(``ddp_hook``) reduces each bucket together with one more buffer, float64[world size], zero but
-for this rank's slot, which holds the squared L2 norm of its local bucket. One committed step for
-both, no extra message: after the sum every rank holds every rank's squared norm of that bucket,
-the same numbers everywhere, so every rank reaches the same verdict without communicating.
+(``ddp_hook``) reduces each bucket together with one more buffer, float64[2 x W] (W the size of
+MPI_COMM_WORLD, spares included, so that its length never changes, even when a recovery lands
+between two ranks' hooks), zero but for this rank's world-rank slots: its squared L2 norm of the
+local bucket, and a 1 that says it took part. One committed step for both, no extra message:
+after the sum every rank holds every member's squared norm of that bucket, the same numbers
+everywhere, so every rank reaches the same verdict without communicating.
 
-The verdict, at ``optimizer.step()`` once every bucket is in (``GradOutlierCheck.judge``): world
+The verdict, at ``optimizer.step()`` once every bucket is in (``GradOutlierCheck.judge``, from
+the optimizer pre-hook, and only in a step no failure voided already): world
 rank r is out of line when its norm (summed over the step's buckets) is not finite, or exceeds
 ``ratio`` times a reference: the median of the other ranks' norms this step (one bad rank cannot
 move a median; with 2 ranks it is the other rank's norm), but at least the typical norm of recent
@@ -26,6 +29,10 @@ What happens then (``policy``):
 - ``"redo"``: the step is voided on every rank and redone from the same batch and RNG state: a
   transient fault is gone the second time. If the same rank is out of line again in the redone
   step, that is its data, not a fault: the step is applied and the event says so.
+
+The recent typical norms and the redone ranks are state that every rank must hold alike: a
+promoted spare receives them with the hand-over (``state_dict``). Gradient accumulation over
+several iterations (``no_sync``) is not supported by the loop, and would defeat the check.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import statistics
 import threading
 
 import torch
+from mpi4py import MPI
 
 from ..core import fault
 from ..core.events import CorruptionEvent, record_corruption
@@ -46,10 +54,10 @@ HISTORY = 64  # steps whose median norm set the floor of the reference
 
 def sq_norm(tensor: torch.Tensor) -> torch.Tensor:
     """Squared L2 norm of ``tensor`` (floating point, any device) as a float64 scalar tensor on
-    its device (no host sync); inf or nan when an element is. Accumulated in the tensor's own
-    dtype: a float64 accumulation would first copy the whole bucket to float64 (it doubled the
-    check's cost), and an overflow to inf is an outlier anyway."""
-    return torch.linalg.vector_norm(tensor.detach()).double().square()
+    its device (no host sync); inf or nan when an element is. Accumulated in float32: a float64
+    accumulation would first copy a float32 bucket to float64 (it made the check cost 11-16% of a
+    DDP step), and float16 would overflow above 65504 (loss scaling gets there)."""
+    return torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32).double().square()
 
 
 def outliers(norms: list[float], ratio: float, floor: float = 0.0) -> list[int]:
@@ -86,23 +94,37 @@ class GradOutlierCheck:
         self.policy, self.ratio = policy, float(ratio)
         self._lock = threading.Lock()
         self.step = 0                          # the training step being run (for the events)
-        self._sq: torch.Tensor | None = None   # this step's squared norms by rank, summed over buckets
-        self._world_ranks: list[int] = []
+        self._sums: torch.Tensor | None = None  # this step's buckets, summed: [squared norms | took part]
         self._verdict = None                   # this step's (void, event), once judged
         self._redone: set[int] = set()         # world ranks whose outlier voided the current step once
         self._typical: collections.deque = collections.deque(maxlen=HISTORY)  # recent steps' median norms
 
-    def add_bucket(self, sq_norms: torch.Tensor, world_ranks: list[int]) -> None:
-        """One bucket's squared norms by rank (after the allreduce), on the communication thread."""
+    def add_bucket(self, values: torch.Tensor) -> None:
+        """One bucket's reduced float64[2 x W] (module docstring), on the communication thread."""
+        values = values.detach().to("cpu", torch.float64)
         with self._lock:
-            if self._sq is None or self._world_ranks != world_ranks:  # first bucket, or after a recovery
-                self._sq, self._world_ranks = torch.zeros(len(world_ranks), dtype=torch.float64), list(world_ranks)
-            self._sq += sq_norms.detach().to("cpu", torch.float64)
+            self._sums = values.clone() if self._sums is None else self._sums + values
 
     def start_step(self, step: int) -> None:
         """A step boundary: forget the norms and the verdict; ``step`` is the training step to come."""
         with self._lock:
-            self.step, self._sq, self._verdict = step, None, None
+            self.step, self._sums, self._verdict = step, None, None
+
+    @property
+    def verdict(self) -> tuple[bool, CorruptionEvent | None] | None:
+        """This step's verdict if ``judge`` was called in it, else None."""
+        with self._lock:
+            return self._verdict
+
+    def state_dict(self) -> dict:
+        """What a promoted spare must hold to judge as the others do."""
+        with self._lock:
+            return {"typical": list(self._typical), "redone": sorted(self._redone)}
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._lock:
+            self._typical = collections.deque(state["typical"], maxlen=HISTORY)
+            self._redone = set(state["redone"])
 
     def judge(self) -> tuple[bool, CorruptionEvent | None]:
         """The verdict on the current step, taken once (later calls in the same step, e.g. from a
@@ -114,11 +136,15 @@ class GradOutlierCheck:
             return self._verdict
 
     def _decide(self) -> tuple[bool, CorruptionEvent | None]:
-        if self._sq is None:
+        if self._sums is None:
             return False, None
-        norms = [math.sqrt(v) if math.isfinite(v) and v >= 0 else math.inf for v in self._sq.tolist()]
+        world = len(self._sums) // 2
+        squares, took_part = self._sums[:world].tolist(), self._sums[world:].tolist()
+        members = [w for w in range(world) if took_part[w] > 0]
+        norms = [math.sqrt(squares[w]) if math.isfinite(squares[w]) and squares[w] >= 0 else math.inf
+                 for w in members]
         floor = statistics.median(self._typical) if self._typical else 0.0
-        bad = [self._world_ranks[i] for i in outliers(norms, self.ratio, floor)]
+        bad = [members[i] for i in outliers(norms, self.ratio, floor)]
         finite = [n for n in norms if math.isfinite(n)]
         if finite and not bad:
             self._typical.append(statistics.median(finite))
@@ -134,7 +160,7 @@ class GradOutlierCheck:
             action = "applied: out of line again in the redone step (its data, not a transient fault)"
         else:
             action = "logged, applied"
-        shown = ", ".join(f"{r}: {n:.3g}" for r, n in zip(self._world_ranks, norms))
+        shown = ", ".join(f"{r}: {n:.3g}" for r, n in zip(members, norms))
         event = record_corruption(CorruptionEvent(self.step, bad, "DDP gradients",
                                                   f"{CHECKED} (norm by world rank {shown}; ratio {self.ratio:g}, "
                                                   f"typical {floor:.3g})",
@@ -148,21 +174,23 @@ def ddp_hook(check: GradOutlierCheck, group):
     this rank's squared bucket norm along in the same committed step (module docstring). ``group``:
     the ftcomm process group (``ProcessGroupFtcomm``)."""
 
+    world = MPI.COMM_WORLD.Get_size()
+    me = MPI.COMM_WORLD.Get_rank()  # the world rank: the same on every communicator, after any recovery
+
     def hook(_state, bucket):
         grads = bucket.buffer()
-        comm = group.comm
         if grads.device.type == "cpu":  # tests: a flip in this rank's local gradient (an ALU or memory fault)
-            flip_exponent("gradient", comm.world_rank, check.step, grads)
-        sq = torch.zeros(group.size(), dtype=torch.float64, device=grads.device)
-        sq[group.rank()] = sq_norm(grads)
+            flip_exponent("gradient", me, check.step, grads)
+        values = torch.zeros(2 * world, dtype=torch.float64, device=grads.device)
+        values[me] = sq_norm(grads)
+        values[world + me] = 1.0
         grads.div_(group.size())
-        ranks = list(comm.world_ranks)  # whose slot is whose in ``sq``
 
         def done(fut):
-            check.add_bucket(sq, ranks)
+            check.add_bucket(values)
             return fut.value()[0]
 
-        return group.allreduce([grads, sq]).get_future().then(done)
+        return group.allreduce([grads, values]).get_future().then(done)
 
     return hook
 

@@ -36,6 +36,8 @@ optimizer hook lives in ``step_state.py``.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..training.events import EventLog
@@ -107,6 +109,8 @@ class ResilientLoader:
         self.loader = loader
         self._pg = process_group
         self.model, self.optimizer, self.extra_state = model, optimizer, list(extra_state)
+        if self._outliers is not None:  # a promoted spare must judge as the survivors do
+            self.extra_state.append(self._outliers)
         self.steps_applied = 0
         self.steps_redone = 0
         self.last_step_skipped = False
@@ -192,8 +196,8 @@ class ResilientLoader:
         return bool(events)
 
     def _record_outlier(self, pg) -> None:
-        """Logs the step's gradient outlier verdict, if there was one."""
-        _, event = self._outliers.judge()
+        """Logs the step's gradient outlier verdict, if the optimizer pre-hook took one."""
+        event = (self._outliers.verdict or (False, None))[1]
         if event is not None:
             self._record(pg, event="grad_outlier", step=event.step, ranks=event.ranks, checked=event.checked,
                          action=event.action)
@@ -345,23 +349,34 @@ def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_s
                            outlier_ratio=outlier_ratio, log_path=log_path)
 
 
+# The check of each DDP model whose comm hook it is: DDP takes one hook per model, and a loop may
+# build ``resilient(...)`` anew every epoch.
+_CHECKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _watch_gradients(model, policy: str, ratio: float) -> GradOutlierCheck:
-    """The gradient outlier check, its comm hook registered on the DDP ``model``.
+    """The gradient outlier check of the DDP ``model``: registered as its comm hook the first
+    time, the same check (with its history) with the new settings after that.
 
     Raises:
         ValueError: a bad policy or ratio, ``model`` is not a ``DistributedDataParallel`` module,
-            or it already has a comm hook (DDP takes one).
+            or it already has a comm hook of its own (DDP takes one).
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    check = GradOutlierCheck(policy, ratio)
+    fresh = GradOutlierCheck(policy, ratio)
     if not isinstance(model, DistributedDataParallel):
         raise ValueError("ftcomm.torch.resilient: grad_outliers needs model= the DistributedDataParallel module, "
                          f"not {type(model).__name__}")
+    check = _CHECKS.get(model)
+    if check is not None:
+        check.policy, check.ratio = fresh.policy, fresh.ratio
+        return check
     group = ftcomm_group(model.process_group, "ftcomm.torch.resilient(grad_outliers=...)")
     try:
-        model.register_comm_hook(None, ddp_hook(check, group))
+        model.register_comm_hook(None, ddp_hook(fresh, group))
     except RuntimeError as exc:  # DDP allows one hook
         raise ValueError(f"ftcomm.torch.resilient: grad_outliers registers a DDP comm hook, and the model has one "
                          f"already ({exc})") from exc
-    return check
+    _CHECKS[model] = fresh
+    return fresh

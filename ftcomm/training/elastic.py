@@ -178,6 +178,22 @@ def _disk_fallback(opt, comm, lost: StateLostError, log: EventLog, checkpoint_di
             "disk_restore": disk["step"]}
 
 
+def _scrub(state: State, log: EventLog, checkpoint_dir) -> None:
+    """``check_state()`` of the state's optimizer after a committed step, logged. A copy that
+    nothing intact can replace (``replicas=0``, or a shard and all its replicas corrupted) is a
+    StateLostError on a healthy communicator: the disk checkpoint then, as after losing ranks,
+    else it is raised."""
+    opt = state.optimizer
+    try:
+        found = opt.check_state()
+    except StateLostError as lost:
+        _disk_fallback(opt, opt.comm, lost, log, checkpoint_dir)
+        state.restore(opt.committed_meta)
+        return
+    if found is not None:
+        log.record(event="corruption", **found.as_dict())
+
+
 def _as_stats(value) -> list:
     if value is None:
         return []
@@ -215,8 +231,9 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             with the replaced rank's data position and RNG (event "joined").
         check_every: every M committed steps, scrub the sharded state for silent corruption at
             rest (``ShardedOptimizer.check_state``: each live shard and replica against its
-            checksum; a bad copy is rebuilt from intact ones; event "corruption"). 0 (default):
-            never.
+            checksum; a bad copy is rebuilt from intact ones; event "corruption"; with
+            ``replicas=0`` or every copy bad: the disk checkpoint, else StateLostError). 0
+            (default): never.
 
     Returns:
         Summary.
@@ -244,6 +261,18 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     log.record(event="start", step=opt.step_id, world_size=opt.comm.size, total_steps=total,
                policy=policy or "", replicas=getattr(opt, "replicas", None))
     waiting_first_commit = summary.events[-1] if summary.events else None
+
+    def recovered(error: FtError) -> dict:
+        """Recovers from ``error`` (or re-raises it past ``max_recoveries``); the event."""
+        summary.failures += 1
+        if summary.failures > max_recoveries:
+            raise error
+        summary.events.append(_recover(state, error, log, checkpoint_dir, policy))
+        if on_recover is not None:
+            on_recover(state, summary.events[-1])
+        bar.set_postfix(world=opt.comm.size)
+        return summary.events[-1]
+
     bar = tqdm(total=total, initial=opt.step_id, disable=not progress or opt.comm.rank != 0,
                desc="train", unit="step", dynamic_ncols=True)
     while opt.step_id < total:
@@ -252,19 +281,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         try:
             stats = _as_stats(train_step(state, batch)) + [float(len(batch.indices))]
             summed = opt.step(stats=stats, meta=state.capture(advanced=True))
-            if check_every and opt.step_id % check_every == 0:
-                found = opt.check_state()  # a failure in it: recovered below, the step stays committed
-                if found is not None:
-                    log.record(event="corruption", **found.as_dict())
         except FtError as error:
-            summary.failures += 1
-            if summary.failures > max_recoveries:
-                raise
-            summary.events.append(_recover(state, error, log, checkpoint_dir, policy))
-            waiting_first_commit = summary.events[-1]
-            if on_recover is not None:
-                on_recover(state, waiting_first_commit)
-            bar.set_postfix(world=opt.comm.size)
+            waiting_first_commit = recovered(error)
             continue
         state.restore(opt.committed_meta)
         log.record(event="commit", step=opt.step_id, world_size=opt.comm.size,
@@ -280,6 +298,11 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             on_commit(state, opt.step_id, summed)
         bar.update(opt.step_id - bar.n)
         bar.set_postfix(loss=f"{loss:.4f}", world=opt.comm.size)
+        if check_every and opt.step_id % check_every == 0:
+            try:
+                _scrub(state, log, checkpoint_dir)
+            except FtError as error:  # the step stays committed; the recovery rebuilds it
+                waiting_first_commit = recovered(error)
     bar.close()
     summary.steps, summary.world_size = opt.step_id, opt.comm.size
     summary.redone_steps = sum(n - 1 for s, n in attempts.items() if s <= opt.step_id)

@@ -161,10 +161,11 @@ def test_ddp_gradient_flipped_in_backward_is_caught_by_the_norm_check_and_redone
 @pytest.mark.timeout(300)
 def test_ddp_gradient_flip_logged_only_is_applied():
     """The same flip under the "log" policy: reported on every rank, and the corrupted average is
-    applied (every rank alike, so the state check would not see it): what "redo" is for."""
+    applied (every rank alike, so the state check would not see it): what "redo" is for. The loop
+    builds ``resilient(...)`` anew every epoch: the model's comm hook (DDP takes one) is reused."""
     flip = "rank=2,point=gradient,step=5,kind=bitflip"
-    clean, flipped = _runs("torch_ddp_kill.py", ["--epochs", 1, "--grad-outliers", "log"], flip,
-                           lambda job: job.by_rank(kind="final"))
+    clean, flipped = _runs("torch_ddp_kill.py", ["--epochs", 2, "--loader-per-epoch", "--grad-outliers", "log"],
+                           flip, lambda job: job.by_rank(kind="final"))
     for rank in range(4):
         assert flipped[rank]["corruptions"] == [[5, [2], "logged, applied"]] and flipped[rank]["redone"] == 0
         assert flipped[rank]["params"] != clean[rank]["params"]

@@ -21,6 +21,7 @@ parser.add_argument("--check-every", type=int, default=0)
 parser.add_argument("--fence-window", type=int, default=1000)
 parser.add_argument("--grad-outliers", choices=["log", "redo"], default=None)
 parser.add_argument("--outlier-ratio", type=float, default=100.0)
+parser.add_argument("--loader-per-epoch", action="store_true", help="build resilient(...) anew every epoch")
 args = parser.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -32,12 +33,19 @@ X, Y, sampler, loader = ddp_toy_data(args.samples, args.batch)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
 ddp = DDP(model)
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, check_every=args.check_every,
-                                 fence_window=args.fence_window, grad_outliers=args.grad_outliers,
-                                 outlier_ratio=args.outlier_ratio)
 
+
+def resilient():
+    return ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, check_every=args.check_every,
+                                  fence_window=args.fence_window, grad_outliers=args.grad_outliers,
+                                  outlier_ratio=args.outlier_ratio)
+
+
+batches = resilient()
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
+    if args.loader_per_epoch and epoch:
+        batches = resilient()
     for x, y, idx in batches:
         opt.zero_grad()
         nn.functional.cross_entropy(ddp(x), y).backward()

@@ -27,9 +27,17 @@ def test_floor_keeps_a_well_fit_batch_from_making_another_rank_an_outlier():
     assert outliers([0.002, 0.001, 0.003, 60.0], ratio=100, floor=0.5) == [3]
 
 
-def _step(check, step, sq_by_rank, ranks=(0, 1, 2, 3)):
+def _bucket(sq_by_world_rank: dict, world: int = 4):
+    """A reduced bucket buffer: [squared norms by world rank | 1 for each member]."""
+    values = torch.zeros(2 * world, dtype=torch.float64)
+    for rank, sq in sq_by_world_rank.items():
+        values[rank], values[world + rank] = sq, 1.0
+    return values
+
+
+def _step(check, step, sq_by_rank):
     check.start_step(step)
-    check.add_bucket(torch.tensor(sq_by_rank, dtype=torch.float64), list(ranks))
+    check.add_bucket(_bucket(dict(enumerate(sq_by_rank))))
     return check.judge()
 
 
@@ -45,22 +53,29 @@ def test_redo_policy_voids_once_then_applies_a_repeat_as_data():
     assert void and event.action == "voided and redone"
 
 
-def test_log_policy_applies_and_bucket_norms_add_up():
+def test_log_policy_applies_and_bucket_norms_add_up_over_the_members():
     check = GradOutlierCheck("log", ratio=10)
     check.start_step(7)
-    check.add_bucket(torch.tensor([1.0, 1.0, 0.0]), [4, 5, 6])
-    check.add_bucket(torch.tensor([0.0, 0.0, 101.0]), [4, 5, 6])  # rank 6: sqrt(101) > 10 x 1
+    check.add_bucket(_bucket({4: 1.0, 5: 1.0, 6: 0.0}, world=8))
+    check.add_bucket(_bucket({4: 0.0, 5: 0.0, 6: 101.0}, world=8))  # world rank 6: sqrt(101) > 10 x 1
+    assert check.verdict is None                                     # not judged yet
     void, event = check.judge()
     assert not void and (event.step, event.ranks, event.action) == (7, [6], "logged, applied")
-    assert "6: 10" in event.checked
+    assert "6: 10" in event.checked and "0: " not in event.checked   # world ranks 0-3 and 7 took no part
+    assert check.verdict == (void, event)
 
 
-def test_a_recovery_mid_step_restarts_the_sums_for_the_new_members():
-    check = GradOutlierCheck("redo")
-    check.start_step(1)
-    check.add_bucket(torch.tensor([1e40, 1.0, 1.0]), [0, 1, 2])
-    check.add_bucket(torch.tensor([1.0, 1.0]), [0, 2])    # world rank 1 lost; the step is voided anyway
-    assert check.judge() == (False, None)
+def test_history_moves_with_the_state_dict():
+    """A promoted spare loads the survivors' recent typical norms and redone ranks, and then judges
+    a step as they do."""
+    old = GradOutlierCheck("redo")
+    for step in range(1, 6):
+        _step(old, step, [1.0, 1.2, 0.9, 1.1])
+    new = GradOutlierCheck("redo")
+    new.load_state_dict(old.state_dict())
+    fitted = [1e-6, 1e-6, 1e-6, 0.8]  # three batches already fit: above 100x their median, not the floor
+    assert _step(old, 6, fitted) == (False, None) and _step(new, 6, fitted) == (False, None)
+    assert _step(GradOutlierCheck("redo"), 6, fitted)[0]  # without the history it would be voided
 
 
 @pytest.mark.parametrize("policy,ratio", [("always", 100), ("redo", 1.0), ("log", -3)])
