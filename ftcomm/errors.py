@@ -74,6 +74,17 @@ class SilentCorruptionError(FtError):
         self.checked = checked
 
 
+class ResultsDifferError(SilentCorruptionError):
+    """The ranks' allreduce results differ (their fingerprints in the commit agreement, with
+    checksums on): a flip in some rank's memory after the data arrived. Voided on every rank,
+    buffers bitwise as before; redo the step. ``ranks``: the world ranks whose result differs from
+    a strict majority's (every rank without one); ``checked``: "result fingerprints"."""
+
+    def __init__(self, message: str, ranks=(), step: int | None = None, failed_ranks=(),
+                 checked: str = "result fingerprints"):
+        super().__init__(message, ranks=ranks, step=step, failed_ranks=failed_ranks, checked=checked)
+
+
 class StateLostError(FtError):
     """A shard and all of its replicas were lost together: in-memory recovery is impossible.
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from .. import _C
 from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, MpiError, ProcFailedError,
-                      RevokedError, SilentCorruptionError, UlfmUnavailableError)
+                      ResultsDifferError, RevokedError, SilentCorruptionError,
+                      UlfmUnavailableError)
 
 StatusCode = _C.StatusCode
 DType = _C.DType
@@ -61,6 +62,6 @@ def exception_from_status(code, message: str, failed_ranks, step: int) -> FtErro
     if code == StatusCode.CORRUPTION:  # its ranks are the implicated world ranks, not failed ones
         return SilentCorruptionError(message, ranks=failed_ranks, step=step)
     if code == StatusCode.RESULTS_DIFFER:
-        return SilentCorruptionError(message, ranks=failed_ranks, step=step, checked="result fingerprints")
+        return ResultsDifferError(message, ranks=failed_ranks, step=step)
     cls = _ERROR_OF_STATUS.get(code, FtError)
     return cls(message, failed_ranks=failed_ranks, step=step)

@@ -312,8 +312,9 @@ class Communicator:
             RevokedError: the communicator was revoked (by a failure elsewhere); same rules.
             CollectiveTimeoutError: a peer stopped answering within ``timeout``.
             SilentCorruptionError: with checksums, data arrived corrupted somewhere (``.ranks``:
-                [sender, receiver] world ranks), or the ranks' results differ (``.ranks``: the
-                ones that differ from the majority, or all without one); on every rank, buffers
+                [sender, receiver] world ranks), or the ranks' results differ (its subclass
+                ``ResultsDifferError``; ``.ranks``: the ones that differ from the majority, or
+                all without one); on every rank, buffers
                 bitwise as before, the communicator still usable: redo the step.
 
         Algorithm: reduce-scatter then allgather around the ring (Patarasuk & Yuan, JPDC 2009),

@@ -65,7 +65,7 @@ def test_a_rank_whose_result_differs_is_named_and_the_step_redone(n, named, word
     assert sorted(reports) == list(range(n)), job.describe()
     for rep in reports.values():
         error = rep["error"]
-        assert (error["type"], error["step"], error["ranks"], error["unchanged"]) == ("SilentCorruptionError", 1, named, True)
+        assert (error["type"], error["step"], error["ranks"], error["unchanged"]) == ("ResultsDifferError", 1, named, True)
         assert words in error["message"] and "the ranks' results differ" in error["message"]
         assert rep["correct"] is True and rep["last_committed"] == 1
     assert len({rep["digest"] for rep in reports.values()}) == 1
