@@ -114,7 +114,7 @@ _CORRUPTIONS: list[CorruptionEvent] = []
 def note_corruption(error, where: str, action: str) -> CorruptionEvent:
     """Records a ``SilentCorruptionError`` and what was done about it (``record_corruption``)."""
     return record_corruption(CorruptionEvent(step=error.step, ranks=list(getattr(error, "ranks", [])), where=where,
-                                             checked=getattr(error, "checked", "ring chunk checksums"), action=action))
+                                             checked=error.checked, action=action))
 
 
 def record_corruption(event: CorruptionEvent) -> CorruptionEvent:

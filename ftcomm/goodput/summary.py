@@ -187,8 +187,9 @@ def _reference_rank(run: RunLog) -> int:
 
 def _last_commit_before(commits: list[dict], step: int, recovered_time: float) -> dict | None:
     """The reference rank's commit of ``step``, the last step the survivors say they committed
-    before the failure (after a disk fallback their ``step`` is the restored one). Chosen by step, not by comparing its time with the failure's: the victim
-    may log its kill a few milliseconds before the reference rank logs that same commit."""
+    before the failure (after a disk fallback their ``step`` is the restored one). Chosen by step,
+    not by comparing its time with the failure's: the victim may log its kill a few milliseconds
+    before the reference rank logs that same commit."""
     done = [c for c in commits if c["step"] == step and c["time"] <= recovered_time]
     return done[-1] if done else None
 
