@@ -12,7 +12,8 @@ results/allreduce_n{N}.json and .png.
 
 ``--checksums`` adds "ftcomm+checksums" (the transit guard against silent data corruption on)
 beside "ftcomm" (off), interleaved in the same job, and their ratio (``guard_cost``: the guard's
-time over the unguarded time, minus one).
+time over the unguarded time, minus one). ``--fingerprints`` likewise adds "ftcomm+fingerprints"
+(result fingerprints on, checksums off) and ``fingerprint_cost``.
 
 ``--collective reduce_scatter``: ftcomm's committed ring reduce-scatter against
 MPI_Reduce_scatter_block and gloo's reduce_scatter_tensor, plus "allreduce+slice" (a committed
@@ -79,6 +80,7 @@ def main():
     p.add_argument("--latency-reps", type=int, default=300, help="calls per implementation for the 4-byte latency")
     p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce")
     p.add_argument("--checksums", action="store_true", help="also time ftcomm with the transit guard on")
+    p.add_argument("--fingerprints", action="store_true", help="also time ftcomm with result fingerprints on")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
     args = p.parse_args()
 
@@ -110,6 +112,9 @@ def main():
         if args.checksums and not scatter:
             impls["ftcomm+checksums"] = lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes,
                                                                 checksums=True)
+        if args.fingerprints and not scatter:
+            impls["ftcomm+fingerprints"] = lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes,
+                                                                   fingerprints=True)
         reps = max(args.reps, min(50, (4 << 20) // nbytes))  # more rounds for small sizes
         times = {name: [] for name in impls}
         for name, fn in impls.items():
@@ -129,6 +134,8 @@ def main():
             row["ratio_vs_gloo"] = row["ftcomm"]["busbw_GBps"] / row["gloo"]["busbw_GBps"]
         if "ftcomm+checksums" in row:
             row["guard_cost"] = row["ftcomm+checksums"]["time_s"] / row["ftcomm"]["time_s"] - 1
+        if "ftcomm+fingerprints" in row:
+            row["fingerprint_cost"] = row["ftcomm+fingerprints"]["time_s"] / row["ftcomm"]["time_s"] - 1
         if "allreduce+slice" in row:
             row["ratio_vs_allreduce_slice"] = row["ftcomm"]["busbw_GBps"] / row["allreduce+slice"]["busbw_GBps"]
         rows.append(row)
@@ -218,7 +225,7 @@ def latency_floor(comm, mpi_comm, MPI, reps: int) -> dict:
     return out
 
 
-IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice", "ftcomm+checksums")
+IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice", "ftcomm+checksums", "ftcomm+fingerprints")
 
 
 def print_row(row, header):
@@ -229,6 +236,8 @@ def print_row(row, header):
     cells = " | ".join(f"{row[k]['busbw_GBps']:26.3f}" for k in names)
     gloo = f"{row['ratio_vs_gloo']:11.2f}" if "ratio_vs_gloo" in row else f"{'-':>11}"
     guard = f" | guard cost {100 * row['guard_cost']:+.1f}%" if "guard_cost" in row else ""
+    if "fingerprint_cost" in row:
+        guard += f" | fingerprint cost {100 * row['fingerprint_cost']:+.1f}%"
     print(f"{human(row['bytes']):>10} | {cells} | {row['ratio_vs_mpi']:10.2f} | {gloo}{guard}", flush=True)
 
 

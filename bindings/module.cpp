@@ -56,7 +56,7 @@ struct PyCommunicator {
 using Triple = std::tuple<uintptr_t, size_t, int>;  // (address, count, dtype code)
 
 ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem,
-                                    bool checksums = false) {
+                                    bool checksums = false, bool fingerprints = false) {
   if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
   ftcomm::StepOptions opt;
   opt.op = static_cast<ftcomm::ReduceOp>(op);
@@ -65,6 +65,7 @@ ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t
   opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
   opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
   opt.checksums = checksums;
+  opt.fingerprints = fingerprints;
   return opt;
 }
 
@@ -299,9 +300,10 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("allreduce",
            [](PyCommunicator& c, const std::vector<Triple>& buffers, int op, int64_t step,
-              double timeout, size_t chunk_bytes, int problem, bool checksums) {
+              double timeout, size_t chunk_bytes, int problem, bool checksums, bool fingerprints) {
              std::vector<ftcomm::RingBuffer> rings = ToRingBuffers(buffers);
-             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem, checksums);
+             ftcomm::StepOptions opt =
+                 StepOptionsFrom(op, step, timeout, chunk_bytes, problem, checksums, fingerprints);
              ftcomm::StepResult result;
              Status s;
              {
@@ -313,6 +315,7 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
            py::arg("chunk_bytes"), py::arg("problem"), py::arg("checksums") = false,
+           py::arg("fingerprints") = false,
            "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).")
       .def("reduce_scatter",
            [](PyCommunicator& c, const Triple& input, const Triple& output, int op, int64_t step,

@@ -76,7 +76,7 @@ class SilentCorruptionError(FtError):
 
 class ResultsDifferError(SilentCorruptionError):
     """The ranks' allreduce results differ (their fingerprints in the commit agreement, with
-    checksums on): a flip in some rank's memory after the data arrived. Voided on every rank,
+    fingerprints on): a flip in some rank's memory after the data arrived. Voided on every rank,
     buffers bitwise as before; redo the step. ``ranks``: the world ranks whose result differs from
     a strict majority's (every rank without one); ``checked``: "result fingerprints"."""
 

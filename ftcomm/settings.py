@@ -102,6 +102,8 @@ RESPAWN = _define("FTCOMM_RESPAWN", None, _word(("force",)), "force: try MPI_Com
 PROFILE = _define("FTCOMM_PROFILE", False, _flag, "print each allreduce step's phase times to stderr")
 CHECKSUMS = _define("FTCOMM_CHECKSUMS", False, _flag,
                     "check every ring chunk's checksum before an allreduce commits (silent data corruption)")
+FINGERPRINTS = _define("FTCOMM_FINGERPRINTS", False, _flag,
+                       "compare a fingerprint of every rank's allreduce result before the commit (silent data corruption)")
 RUN_DIR = _define("FTCOMM_RUN_DIR", None, str, "ftcomm-run's run directory (liveness table, exit reports)")
 FAULT = _define("FTCOMM_FAULT", "", str, "fault injection specs (ftcomm.fault)")
 NODE = _define("FTCOMM_NODE", None, str, "this rank's node name, for node-aware buddy placement")
@@ -196,6 +198,12 @@ def checksums() -> bool:
     """FTCOMM_CHECKSUMS: the allreduce's transit guard, on or off (default off); must be the same
     on every rank."""
     return CHECKSUMS.get()
+
+
+def fingerprints() -> bool:
+    """FTCOMM_FINGERPRINTS: the allreduce's result fingerprints, on or off (default off); must be the
+    same on every rank."""
+    return FINGERPRINTS.get()
 
 
 def profile() -> bool:

@@ -52,7 +52,7 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
   body.undo = [&] {
     for (RingAllreduce& ring : rings) ring.Undo();
   };
-  // Every rank must hold the same result: one more read pass over the buffers, with checksums on.
+  // Every rank must hold the same result: one more read pass over the buffers, with fingerprints on.
   body.fingerprint = [&] {
     const int world_rank = comm.world_ranks()[comm.rank()];
     uint64_t fp = 0;

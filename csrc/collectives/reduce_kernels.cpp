@@ -1,5 +1,6 @@
 #include "collectives/reduce_kernels.h"
 
+#include "collectives/checksum.h"
 #include "collectives/reduce_ops.h"
 
 #include <cstdint>
@@ -56,6 +57,42 @@ void ReduceUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict u
     const T old = inout[i];
     undo[i] = old;
     inout[i] = Store<T>(Apply<Op>(Load(in[i]), Load(old)));
+  }
+}
+
+// An element's contribution to WordSum: itself (4 bytes) or its two 32-bit halves (8 bytes).
+template <typename T>
+inline uint32_t Word32(T v) {
+  if constexpr (sizeof(T) == 4) {
+    uint32_t w;
+    std::memcpy(&w, &v, 4);
+    return w;
+  } else {
+    uint64_t w;
+    std::memcpy(&w, &v, 8);
+    return static_cast<uint32_t>(w) + static_cast<uint32_t>(w >> 32);
+  }
+}
+
+template <typename T, ReduceOp Op>
+void ReduceUndoSumLoop(const T* __restrict in, T* __restrict inout, T* __restrict undo, size_t n,
+                       uint32_t* in_sum, uint32_t* out_sum) {
+  if constexpr (sizeof(T) == 2) {  // two elements per word: the loop would not vectorise
+    ReduceUndoLoop<T, Op>(in, inout, undo, n);
+    *in_sum = WordSum(in, n * sizeof(T));
+    *out_sum = WordSum(inout, n * sizeof(T));
+  } else {
+    uint32_t in_acc = 0, out_acc = 0;  // 32-bit lanes: vector adds, no widening
+    for (size_t i = 0; i < n; ++i) {
+      const T old = inout[i];
+      undo[i] = old;
+      const T result = Store<T>(Apply<Op>(Load(in[i]), Load(old)));
+      inout[i] = result;
+      in_acc += Word32(in[i]);
+      out_acc += Word32(result);
+    }
+    *in_sum = in_acc;
+    *out_sum = out_acc;
   }
 }
 
@@ -124,6 +161,17 @@ void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, v
     DispatchOp(op, [&](auto op_tag) {
       ReduceUndoLoop<T, decltype(op_tag)::value>(static_cast<const T*>(in), static_cast<T*>(inout),
                                                  static_cast<T*>(undo), n);
+    });
+  });
+}
+
+void ReduceIntoWithUndoSum(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
+                           size_t n, uint32_t* in_sum, uint32_t* out_sum) {
+  DispatchType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DispatchOp(op, [&](auto op_tag) {
+      ReduceUndoSumLoop<T, decltype(op_tag)::value>(static_cast<const T*>(in), static_cast<T*>(inout),
+                                                    static_cast<T*>(undo), n, in_sum, out_sum);
     });
   });
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "collectives/dtype.h"
 
@@ -19,6 +20,12 @@ void ReduceInto(DType dtype, ReduceOp op, const void* in, void* inout, size_t n)
 // extra read of the user's buffer.
 void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
                         size_t n);
+
+// ReduceIntoWithUndo that also returns WordSum (collectives/checksum.h) of `in` and of the
+// result, taken in the same loop: the ring's transit guard at no extra pass over memory (16-bit
+// types take a second pass over the chunk, which their conversions, not memory, bound anyway).
+void ReduceIntoWithUndoSum(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
+                           size_t n, uint32_t* in_sum, uint32_t* out_sum);
 
 // out[i] = op(a[i], b[i]) for i < n: a reduction that leaves both inputs as they were (the
 // reduce-scatter reads the user's input and writes only scratch until the commit).

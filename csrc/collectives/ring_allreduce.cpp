@@ -95,7 +95,7 @@ Status RingAllreduce::PostRecvs(int t) {
   }
   if (checksums_ && !slot.empty()) {
     MPI_Request req;
-    int rc = MPI_Irecv(expected_sums_[t].data(), static_cast<int>(slot.size()), MPI_UINT64_T, left_, kSumTag,
+    int rc = MPI_Irecv(expected_sums_[t].data(), static_cast<int>(slot.size()), MPI_UINT32_T, left_, kSumTag,
                        comm_.handle(), &req);
     if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: receive checksums");
     sum_requests_.push_back(req);
@@ -108,7 +108,7 @@ Status RingAllreduce::PostRecvs(int t) {
 Status RingAllreduce::PostSums(int t) {
   if (!checksums_ || sent_sums_[t].empty()) return Status::Ok();
   MPI_Request req;
-  int rc = MPI_Isend(sent_sums_[t].data(), static_cast<int>(sent_sums_[t].size()), MPI_UINT64_T, right_, kSumTag,
+  int rc = MPI_Isend(sent_sums_[t].data(), static_cast<int>(sent_sums_[t].size()), MPI_UINT32_T, right_, kSumTag,
                      comm_.handle(), &req);
   if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send checksums");
   sum_requests_.push_back(req);
@@ -144,11 +144,9 @@ Status RingAllreduce::PostSend(int t, size_t c) {
   int rc = MPI_Isend(buf_.data + offset * esize_, static_cast<int>(length * esize_), MPI_BYTE,
                      right_, kRingTag, comm_.handle(), &req);
   if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send");
-  if (checksums_) {
-    // An allgather step after the first forwards what arrived at the step before: its sum was
-    // taken on arrival. Everything else (input, partial or full reductions) is summed here.
-    sent_sums_[t][c] = t >= n_ ? got_sums_[t - 1][c] : WordSum(buf_.data + offset * esize_, length * esize_);
-  }
+  // The sums of the input and of reductions were taken as they were written (SaveOwnSegment,
+  // ReduceChunk); an allgather step after the first forwards what arrived at the step before.
+  if (checksums_ && t >= n_) sent_sums_[t][c] = got_sums_[t - 1][c];
   segment_sends_[seg].push_back(sends_.size());
   sends_.push_back(req);
   return Status::Ok();
@@ -184,7 +182,46 @@ void RingAllreduce::FaultPoint(int t, size_t c) {
   ChunkRange(RecvSegment(t), c, &offset, &length);
   char* data = RecvTarget(t, c);
   fault::Flip(point, world_rank, step_, phase_step, static_cast<int>(c), data, length * esize_);
-  if (checksums_) got_sums_[t][c] = WordSum(data, length * esize_);
+  // A reduce-scatter chunk is summed as it is reduced (ReduceChunk); an allgather chunk here,
+  // just after it landed.
+  if (checksums_ && !rs) got_sums_[t][c] = WordSum(data, length * esize_);
+}
+
+// Segment `rank` is sent unreduced at ring step 0 and later overwritten by the allgather: save
+// it in the undo log, and with checksums take each chunk's sum while copying.
+void RingAllreduce::SaveOwnSegment() {
+  const size_t own_off = SegmentOffset(rank_), own_len = SegmentLength(rank_);
+  if (!checksums_) {
+    std::memcpy(undo_ + own_off * esize_, buf_.data + own_off * esize_, own_len * esize_);
+  } else {
+    for (size_t c = 0; c < ChunkCount(rank_); ++c) {
+      size_t offset, length;
+      ChunkRange(rank_, c, &offset, &length);
+      sent_sums_[0][c] = CopyAndSum(undo_ + offset * esize_, buf_.data + offset * esize_, length * esize_);
+    }
+  }
+  saved_[rank_] = own_len;
+}
+
+// Reduce-scatter step t: reduces the arrived chunk c into the user's buffer (old values to the
+// undo log; the average's division at the last step). With checksums, the sums of the arrived
+// data (checked against its sender's) and of the result (sent at the next ring step) are taken in
+// the reduction's loop; the average's last step sums its scaled result once more.
+void RingAllreduce::ReduceChunk(int t, size_t c) {
+  size_t offset, length;
+  ChunkRange(RecvSegment(t), c, &offset, &length);
+  const char* in = RecvTarget(t, c);
+  char* user = buf_.data + offset * esize_;
+  char* undo = undo_ + offset * esize_;
+  const bool scale = t == n_ - 2 && op_ == ReduceOp::kAvg;
+  if (checksums_) {
+    ReduceIntoWithUndoSum(buf_.dtype, op_, in, user, undo, length, &got_sums_[t][c], &sent_sums_[t + 1][c]);
+  } else {
+    ReduceIntoWithUndo(buf_.dtype, op_, in, user, undo, length);
+  }
+  if (scale) ScaleForAvg(buf_.dtype, user, length, n_);
+  if (scale && checksums_) sent_sums_[t + 1][c] = WordSum(user, length * esize_);
+  saved_[RecvSegment(t)] += length;
 }
 
 Status RingAllreduce::Fail(Status s) {
@@ -198,11 +235,7 @@ Status RingAllreduce::Run(const Deadline& deadline) {
   if (n_ == 1 || buf_.count == 0) return Status::Ok();
   const int steps = 2 * (n_ - 1);
 
-  // Segment `rank` is sent unreduced and later overwritten by the allgather: save it now.
-  const size_t own_off = SegmentOffset(rank_), own_len = SegmentLength(rank_);
-  std::memcpy(undo_ + own_off * esize_, buf_.data + own_off * esize_, own_len * esize_);
-  saved_[rank_] = own_len;
-
+  SaveOwnSegment();
   Status s = PostRecvs(0);
   for (size_t c = 0; s.ok() && c < ChunkCount(SendSegment(0)); ++c) s = PostSend(0, c);
   if (s.ok()) s = PostSums(0);
@@ -227,14 +260,7 @@ Status RingAllreduce::Run(const Deadline& deadline) {
       s = comm_.Wait(&slot[c], 1, deadline, IsReduceScatter(t) ? "reduce-scatter" : "allgather");
       if (!s.ok()) return Fail(s);
       FaultPoint(t, c);
-      if (IsReduceScatter(t)) {
-        size_t offset, length;
-        ChunkRange(seg, c, &offset, &length);
-        char* user = buf_.data + offset * esize_;
-        ReduceIntoWithUndo(buf_.dtype, op_, RecvTarget(t, c), user, undo_ + offset * esize_, length);
-        saved_[seg] += length;
-        if (t == n_ - 2 && op_ == ReduceOp::kAvg) ScaleForAvg(buf_.dtype, user, length, n_);
-      }
+      if (IsReduceScatter(t)) ReduceChunk(t, c);
       if (t + 1 < steps) {
         s = PostSend(t + 1, c);
         if (!s.ok()) return Fail(s);

@@ -10,13 +10,16 @@
 //
 // Transit guard (optional): every chunk's WordSum (collectives/checksum.h) is computed by its
 // sender and, once per ring step, sent after the step's chunks; the receiver sums each chunk on
-// arrival and compares once the ring is done. A forwarded allgather chunk reuses the sum taken on
-// its arrival. A mismatch does not stop the ring: it completes, then reports kCorruption.
+// arrival and compares once the ring is done. The sums ride on passes the ring makes anyway (the
+// undo copy of the input, the reduction, block by block while in L1); a forwarded allgather chunk
+// reuses the sum taken on its arrival, so only an arrived allgather chunk is read once more.
+// A mismatch does not stop the ring: it completes, then reports kCorruption.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "collectives/dtype.h"
@@ -59,6 +62,8 @@ class RingAllreduce {
   bool SendsFromSegmentDone(int seg);
   Status WaitSendsFromSegment(int seg, const Deadline& deadline);
   void FaultPoint(int t, size_t c);
+  void SaveOwnSegment();
+  void ReduceChunk(int t, size_t c);
   Status PostSums(int t);
   Status VerifySums(const Deadline& deadline);
   Status Fail(Status s);
@@ -79,7 +84,7 @@ class RingAllreduce {
   bool checksums_;
   // Per ring step, per chunk: sums of what this rank sent, of what arrived (computed here), and
   // what the sender says it sent.
-  std::vector<std::vector<uint64_t>> sent_sums_, got_sums_, expected_sums_;
+  std::vector<std::vector<uint32_t>> sent_sums_, got_sums_, expected_sums_;
   std::vector<MPI_Request> sum_requests_;
 };
 

@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
 
 enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
-             kChecksums, kFields };
+             kGuard, kFields };
 
 // "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
 std::string RankName(const Communicator& comm, int64_t rank) {
@@ -101,7 +101,7 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   local[kFirstDType] = first_dtype * kRankSlots + comm.rank();
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
-  local[kChecksums] = opt.checksums ? 1 : 0;
+  local[kGuard] = (opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0);
   if (opt.step <= comm.last_committed_step()) {
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
@@ -131,8 +131,9 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   } else if (min_of(kOp) != max_of(kOp)) {
     why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
           std::to_string(max_of(kOp)) + ")";
-  } else if (min_of(kChecksums) != max_of(kChecksums)) {
-    why = "ranks differ on the transit checksums (on for some, off for others: FTCOMM_CHECKSUMS)";
+  } else if (min_of(kGuard) != max_of(kGuard)) {
+    why = "ranks differ on the corruption guard (transit checksums or result fingerprints on for some, off for "
+          "others: FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS)";
   } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
     why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
           " to " + std::to_string(max_of(kNumBuffers)) + ")";
@@ -178,7 +179,7 @@ constexpr double kAgreeGraceSeconds = 1.0;
 constexpr int kBitCompleted = 1;
 constexpr int kBitNoTimeout = 2;
 constexpr int kBitNoCorruption = 4;
-// With checksums, bits 3-16 hold a 14-bit fingerprint of the rank's result and bits 17-30 its
+// With fingerprints, bits 3-16 hold a 14-bit fingerprint of the rank's result and bits 17-30 its
 // complement. The agreement ANDs both: they come back as each other's complement exactly when every
 // rank brought the same fingerprint (a bit where two ranks differ is cleared in both), so every rank
 // reaches the same verdict from the one agreement. A rank without a result brings all ones in both
@@ -416,7 +417,7 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
   if (!local.ok() && !corrupted && comm.ft_enabled()) comm.Revoke();
 
   fault::Point("commit", world_rank, opt.step);
-  const bool compare_results = opt.checksums && static_cast<bool>(body.fingerprint);
+  const bool compare_results = opt.fingerprints && static_cast<bool>(body.fingerprint);
   const uint64_t fingerprint = compare_results && local.ok() ? Mix(body.fingerprint()) : 0;
   int flag = (local.ok() || corrupted ? kBitCompleted : 0) | (local.code == StatusCode::kTimeout ? 0 : kBitNoTimeout) |
              (corrupted ? 0 : kBitNoCorruption) | FingerprintBits(fingerprint, compare_results && local.ok());

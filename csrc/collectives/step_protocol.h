@@ -5,7 +5,7 @@
 //   2. run: the collective's communication (StepBody::run); what it wrote into user buffers
 //      must be undoable (StepBody::undo), or it writes only into scratch.
 //   3. agree: one ULFM agreement (MPIX_Comm_agree, the ULFM chapter of the MPI 4 draft) on
-//      "every rank completed its run" and, with checksums, on "every rank holds the same result"
+//      "every rank completed its run" and, with fingerprints, on "every rank holds the same result"
 //      (a 14-bit fingerprint of the result and its complement ride in the same flag).
 //   4. commit (StepBody::commit publishes the results, the step id is recorded) or abort (undo,
 //      then revoke and shrink so that all survivors report the same failed ranks; the shrunk
@@ -56,6 +56,11 @@ struct StepOptions {
   // The ring's transit guard (collectives/checksum.h): chunk checksums compared before the
   // commit; a mismatch voids the step on every rank with kCorruption. Must agree across ranks.
   bool checksums = false;
+  // Result fingerprints: each rank hashes its whole result once more after the ring (a read pass
+  // over the buffers) and the hashes are compared in the commit agreement, so that ranks whose
+  // results differ (a flip in memory after the data arrived) cannot all commit: kResultsDiffer.
+  // Must agree across ranks.
+  bool fingerprints = false;
 };
 
 struct StepResult {
@@ -71,7 +76,7 @@ struct StepBody {
   std::function<void()> undo;                  // restores user buffers `run` wrote, on abort
   std::function<void()> commit;                // publishes results, once every rank agreed
   // A fingerprint of the results this rank would commit, for collectives whose results must be
-  // equal on every rank (allreduce); compared in the commit agreement when checksums are on.
+  // equal on every rank (allreduce); compared in the commit agreement when fingerprints are on.
   std::function<uint64_t()> fingerprint;
 };
 

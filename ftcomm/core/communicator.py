@@ -278,7 +278,7 @@ class Communicator:
     # -- collectives ---------------------------------------------------------------------
     def allreduce(self, buffers, op: str = "sum", step: int | None = None,
                   timeout: float | None = None, chunk_bytes: int | None = None,
-                  checksums: bool | None = None) -> int:
+                  checksums: bool | None = None, fingerprints: bool | None = None) -> int:
         """Fault-aware ring allreduce, in place, committed as one step.
 
         Args:
@@ -296,9 +296,11 @@ class Communicator:
             chunk_bytes: pipelining chunk of the ring, bytes (default FTCOMM_CHUNK_BYTES, 1 MiB).
             checksums: the transit guard against silent data corruption (default
                 FTCOMM_CHECKSUMS, off): each ring chunk's 64-bit word sum is checked on arrival
-                against its sender's before the commit, and a 14-bit fingerprint of every rank's
-                result is compared in the commit agreement. Host buffers only; the same on every
-                rank.
+                against its sender's before the commit. Host buffers only; the same on every rank.
+            fingerprints: result fingerprints (default FTCOMM_FINGERPRINTS, off): after the ring
+                each rank hashes its whole result (one more read pass) and a 14-bit fingerprint
+                is compared in the commit agreement, which catches a flip in a rank's memory
+                after the data arrived. Host buffers only; the same on every rank.
 
         Returns:
             The step id committed (or replayed).
@@ -312,7 +314,7 @@ class Communicator:
             RevokedError: the communicator was revoked (by a failure elsewhere); same rules.
             CollectiveTimeoutError: a peer stopped answering within ``timeout``.
             SilentCorruptionError: with checksums, data arrived corrupted somewhere (``.ranks``:
-                [sender, receiver] world ranks), or the ranks' results differ (its subclass
+                [sender, receiver] world ranks); with fingerprints, the ranks' results differ (its subclass
                 ``ResultsDifferError``; ``.ranks``: the ones that differ from the majority, or
                 all without one); on every rank, buffers
                 bitwise as before, the communicator still usable: redo the step.
@@ -334,7 +336,8 @@ class Communicator:
                 cuda.staged_allreduce(self._core, bufs, *args)
             else:
                 guard = settings.checksums() if checksums is None else bool(checksums)
-                _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args, guard)
+                compare = settings.fingerprints() if fingerprints is None else bool(fingerprints)
+                _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args, guard, compare)
                 self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
             raise self._with_offender_detail(error, bufs.detail, timeout) from None

@@ -11,8 +11,13 @@ from harness import JOBS, run_job
 COUNT = 10007  # several 4096-byte chunks per segment at 4 ranks
 
 # (world size, receiving world rank, phase, ring step, chunk)
-FLIPS = [(4, 2, "reduce_scatter", 0, 0), (4, 0, "reduce_scatter", 2, 1), (4, 3, "allgather", 0, 2),
-         (4, 1, "allgather", 2, 0), (3, 1, "reduce_scatter", 1, 0), (2, 0, "allgather", 0, 1)]
+# (world size, receiving world rank, phase, ring step, chunk, dtype, op): every phase and ring step
+# kind (first, middle, last), and each way a sum is taken (the reduction's loop for 4- and 8-byte
+# types, a second pass for 16-bit ones and for the average's scaled result)
+FLIPS = [(4, 2, "reduce_scatter", 0, 0, "float32", "sum"), (4, 0, "reduce_scatter", 2, 1, "float32", "sum"),
+         (4, 3, "allgather", 0, 2, "float32", "sum"), (4, 1, "allgather", 2, 0, "float32", "sum"),
+         (3, 1, "reduce_scatter", 1, 0, "int64", "max"), (2, 0, "allgather", 0, 1, "float32", "sum"),
+         (4, 2, "reduce_scatter", 2, 0, "float16", "avg"), (2, 1, "allgather", 0, 0, "float64", "avg")]
 
 
 def _spec(rank, point, ring_step, chunk):
@@ -20,11 +25,10 @@ def _spec(rank, point, ring_step, chunk):
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("n,rank,point,ring_step,chunk", FLIPS,
-                         ids=[f"n{f[0]}-rank{f[1]}-{f[2]}-{f[3]}-{f[4]}" for f in FLIPS])
-def test_flip_in_transit_is_caught_on_every_rank_and_redone(n, rank, point, ring_step, chunk):
-    dtype, op = ("float32", "sum") if n != 3 else ("int64", "max")
-    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, dtype, op, 1,
+@pytest.mark.parametrize("n,rank,point,ring_step,chunk,dtype,op", FLIPS,
+                         ids=[f"n{f[0]}-rank{f[1]}-{f[2]}-{f[3]}-{f[4]}-{f[5]}-{f[6]}" for f in FLIPS])
+def test_flip_in_transit_is_caught_on_every_rank_and_redone(n, rank, point, ring_step, chunk, dtype, op):
+    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, dtype, op, "checksums",
                   env={"FTCOMM_FAULT": _spec(rank, point, ring_step, chunk)}, timeout=90)
     assert job.returncode == 0, job.describe()
     reports = job.by_rank()
@@ -42,7 +46,7 @@ def test_flip_in_transit_is_caught_on_every_rank_and_redone(n, rank, point, ring
 @pytest.mark.fault
 def test_without_the_guard_a_flip_commits_silently():
     n = 4
-    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", 0,
+    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", "off",
                   env={"FTCOMM_FAULT": _spec(2, "reduce_scatter", 0, 0)}, timeout=90)
     assert job.returncode == 0, job.describe()
     reports = job.by_rank()
@@ -54,11 +58,11 @@ def test_without_the_guard_a_flip_commits_silently():
 @pytest.mark.parametrize("n,named,words", [(4, [1], "world rank 1 differs from the majority"),
                                            (2, [0, 1], "no majority; world ranks 0, 1 differ")])
 def test_a_rank_whose_result_differs_is_named_and_the_step_redone(n, named, words):
-    """A flip in world rank 1's result after the ring (in its memory, not in transit: every
-    checksum matches): the results' fingerprints, agreed with the commit, differ, so no rank commits;
+    """A flip in world rank 1's result after the ring (in its memory, not in transit), fingerprints
+    on: the results' fingerprints, agreed with the commit, differ, so no rank commits;
     every rank raises the same error naming the odd rank out (both, at 2 ranks), buffers unchanged,
     and the redo equals numpy's result."""
-    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", 1,
+    job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", "fingerprints",
                   env={"FTCOMM_FAULT": "rank=1,point=result,step=1,kind=bitflip"}, timeout=90)
     assert job.returncode == 0, job.describe()
     reports = job.by_rank()
@@ -225,13 +229,13 @@ def test_sharded_state_flipped_at_rest_is_rebuilt_from_intact_copies(job_file, a
 @pytest.mark.fault
 @pytest.mark.timeout(300)
 def test_rank_whose_result_differs_twice_fences_itself_and_ddp_goes_on():
-    """World rank 2's allreduce result flipped in its memory at two gradient steps (checksums on):
+    """World rank 2's allreduce result flipped in its memory at two gradient steps (fingerprints on):
     the first time it is singled out by the majority and the step is redone; the second time,
     within 1,000 steps, it fences itself and the survivors recover from it as from any failure
     (shrink), ending with identical parameters."""
     flips = "rank=2,point=result,step=3,kind=bitflip;rank=2,point=result,step=6,kind=bitflip"
     job = run_job(JOBS / "torch_ddp_kill.py", 4, "--epochs", 1,
-                  env={"FTCOMM_FAULT": flips, "FTCOMM_CHECKSUMS": "1"}, timeout=120)
+                  env={"FTCOMM_FAULT": flips, "FTCOMM_FINGERPRINTS": "1"}, timeout=120)
     assert job.returncode == 0, job.describe()
     assert "world rank 2 fences itself" in job.stderr
     finals = job.by_rank(kind="final")

@@ -157,26 +157,36 @@ def test_reduce_scatter_bad_output_fails_on_every_rank(comm):
     np.testing.assert_array_equal(good, np.zeros(6, np.float32))
 
 
-def test_checksums_raise_no_false_alarm_in_1000_steps(comm):
-    """The transit guard on: 1,000 committed steps of random data, sizes and dtypes (chunked into
-    many pieces), none voided, every result equal to numpy's."""
+def test_guard_raises_no_false_alarm_in_1000_steps(comm):
+    """Transit checksums and result fingerprints on: 1,000 committed steps of random data, sizes
+    (odd ones: tails shorter than a checksum word), dtypes and ops (the average sums its scaled
+    result separately), chunked into many pieces; none voided, every result equal to numpy's."""
     n = comm.size
     dtypes = ["float32", "float64", "float16", "int32", "int64"]
     for i in range(1000):
         rng = np.random.default_rng([i, 99])
-        dtype, count = dtypes[i % 5], int(rng.integers(1, 3000))
+        dtype, count, op = dtypes[i % 5], int(rng.integers(1, 3000)), ("sum", "max", "avg")[i % 3]
         inputs = [np.random.default_rng([i, r]).integers(-50, 50, count).astype(dtype) for r in range(n)]
         buf = inputs[comm.rank].copy()
-        comm.allreduce(buf, op="sum", chunk_bytes=256, checksums=True)
-        np.testing.assert_array_equal(buf.astype(np.float64), np.stack(inputs).astype(np.float64).sum(0))
+        comm.allreduce(buf, op=op, chunk_bytes=256, checksums=True, fingerprints=True)
+        stacked = np.stack(inputs).astype(np.float64)
+        if op == "sum":
+            np.testing.assert_array_equal(buf.astype(np.float64), stacked.sum(0))
+        elif op == "max":
+            np.testing.assert_array_equal(buf.astype(np.float64), stacked.max(0))
+        elif dtype.startswith("int"):
+            np.testing.assert_array_equal(buf.astype(np.float64), np.trunc(stacked.sum(0) / n))
+        else:
+            np.testing.assert_allclose(buf.astype(np.float64), stacked.sum(0) / n, rtol=1e-3)
 
 
-def test_checksums_must_agree_across_ranks(comm):
+@pytest.mark.parametrize("guard", ["checksums", "fingerprints"])
+def test_guard_must_agree_across_ranks(comm, guard):
     import ftcomm
 
     buf = np.ones(10, np.float32)
-    with pytest.raises(ftcomm.InvalidInputError, match="transit checksums"):
-        comm.allreduce(buf, checksums=comm.rank == 0, timeout=20)
+    with pytest.raises(ftcomm.InvalidInputError, match="corruption guard"):
+        comm.allreduce(buf, timeout=20, **{guard: comm.rank == 0})
     np.testing.assert_array_equal(buf, np.ones(10, np.float32))
 
 
