@@ -324,7 +324,7 @@ def format_summary(summary: RunSummary) -> str:
     """The summary as text (what ``ftcomm-report`` prints)."""
     ms = lambda s: "-" if s is None else f"{s * 1e3:.1f}"  # noqa: E731
     lines = [
-        f"run {summary.run_id or '(no prefix)'}: world ranks {summary.ranks}, reference rank {summary.reference_rank}",
+        f"run {summary.run_id.rstrip('.') or '(no prefix)'}: world ranks {summary.ranks}, reference rank {summary.reference_rank}",
         f"  world size {summary.initial_size} -> {summary.final_size}, policy {summary.policy or 'default'}, "
         f"k={summary.replicas}, {summary.steps} steps in {summary.wall_s:.3f} s"
         + ("" if summary.ended else " (the reference rank logged no end: the run did not finish)"),

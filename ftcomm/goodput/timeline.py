@@ -85,7 +85,7 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
                             height_ratios=[0.32 * len(rows) + 0.6, 2.0] + ([2.0] if zooms else []))
     ax = fig.add_subplot(grid[0, :])
     _draw_ranks(ax, run, summary, t0, rows)
-    ax.set_title(f"run {summary.run_id or '(no prefix)'}: {summary.steps} steps, {len(summary.failures)} failure(s), "
+    ax.set_title(f"run {summary.run_id.rstrip('.') or '(no prefix)'}: {summary.steps} steps, {len(summary.failures)} failure(s), "
                  f"world size {summary.initial_size} -> {summary.final_size}, goodput {summary.goodput:.3f}")
     handles, names = ax.get_legend_handles_labels()
     unique = dict(zip(names, handles))

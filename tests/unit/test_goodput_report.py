@@ -142,7 +142,7 @@ def test_cli_summary_and_json(tmp_path, capsys):
     assert sorted(find_runs(tmp_path)) == ["12.", "77."]
     assert report_cli.main([str(tmp_path), "--no-plot", "--out", str(tmp_path / "out")]) == 0
     text = capsys.readouterr().out
-    assert "run 77.:" in text and "goodput 0.7143" in text and "260.0" in text  # MTTR in ms
+    assert "run 77:" in text and "goodput 0.7143" in text and "260.0" in text  # MTTR in ms
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["goodput"] == approx(0.9 / 1.26)
     assert not (tmp_path / "out" / "timeline.png").exists()
     assert report_cli.main([str(tmp_path), "--run", "12", "--no-plot", "--out", str(tmp_path / "o2")]) == 1
