@@ -15,7 +15,8 @@ beside "ftcomm" (off), interleaved in the same job, and their ratio (``guard_cos
 time over the unguarded time, minus one). ``--fingerprints`` likewise adds "ftcomm+fingerprints"
 (result fingerprints on, checksums off) and ``fingerprint_cost``.
 
-``--collective reduce_scatter``: ftcomm's committed ring reduce-scatter against
+``--collective reduce_scatter``: ftcomm's committed ring reduce-scatter (``--checksums``: also
+with its transit guard on) against
 MPI_Reduce_scatter_block and gloo's reduce_scatter_tensor, plus "allreduce+slice" (a committed
 allreduce of a copy, then this rank's block: what the torch backend did before it had a true
 reduce-scatter). Sizes are the input's; busbw = algbw x (N-1)/N. Writes
@@ -108,7 +109,10 @@ def main():
     for nbytes in sizes:
         nbytes -= nbytes % (4 * n)  # whole float32 blocks per rank
         buf = np.zeros(nbytes // 4, np.float32)  # zeros stay zeros: no overflow over many rounds
-        impls = (scatter_impls if scatter else allreduce_impls)(comm, mpi_comm, MPI, dist, buf, args.chunk_bytes)
+        if scatter:
+            impls = scatter_impls(comm, mpi_comm, MPI, dist, buf, args.chunk_bytes, args.checksums)
+        else:
+            impls = allreduce_impls(comm, mpi_comm, MPI, dist, buf, args.chunk_bytes)
         if args.checksums and not scatter:
             impls["ftcomm+checksums"] = lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes,
                                                                 checksums=True)
@@ -174,7 +178,7 @@ def allreduce_impls(comm, mpi_comm, MPI, dist, buf, chunk_bytes) -> dict:
     return impls
 
 
-def scatter_impls(comm, mpi_comm, MPI, dist, buf, chunk_bytes) -> dict:
+def scatter_impls(comm, mpi_comm, MPI, dist, buf, chunk_bytes, checksums=False) -> dict:
     n, r = comm.size, comm.rank
     out = np.zeros(buf.size // n, np.float32)
     copy = np.empty_like(buf)
@@ -189,6 +193,9 @@ def scatter_impls(comm, mpi_comm, MPI, dist, buf, chunk_bytes) -> dict:
         "mpi": lambda: mpi_comm.Reduce_scatter_block(buf, out, op=MPI.SUM),
         "allreduce+slice": allreduce_slice,
     }
+    if checksums:
+        impls["ftcomm+checksums"] = lambda: comm.reduce_scatter(buf, out, op="sum", chunk_bytes=chunk_bytes,
+                                                                checksums=True)
     if dist is not None:
         import torch
 

@@ -319,9 +319,9 @@ PYBIND11_MODULE(_C, m) {
            "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).")
       .def("reduce_scatter",
            [](PyCommunicator& c, const Triple& input, const Triple& output, int op, int64_t step,
-              double timeout, size_t chunk_bytes, int problem) {
+              double timeout, size_t chunk_bytes, int problem, bool checksums) {
              std::vector<ftcomm::RingBuffer> in = ToRingBuffers({input}), out = ToRingBuffers({output});
-             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem);
+             ftcomm::StepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem, checksums);
              ftcomm::StepResult result;
              Status s;
              {
@@ -332,7 +332,7 @@ PYBIND11_MODULE(_C, m) {
              return StepTuple(result);
            },
            py::arg("input"), py::arg("output"), py::arg("op"), py::arg("step"), py::arg("timeout"),
-           py::arg("chunk_bytes"), py::arg("problem"),
+           py::arg("chunk_bytes"), py::arg("problem"), py::arg("checksums") = false,
            "One committed ring reduce-scatter step; returns (replayed, validate_s, ring_s, agree_s).");
 
   m.def("exchange",

@@ -101,6 +101,26 @@ void ReduceOutOfPlaceLoop(const T* __restrict a, const T* __restrict b, T* __res
   for (size_t i = 0; i < n; ++i) out[i] = Store<T>(Apply<Op>(Load(a[i]), Load(b[i])));
 }
 
+template <typename T, ReduceOp Op>
+void ReduceOutOfPlaceSumLoop(const T* __restrict a, const T* __restrict b, T* __restrict out, size_t n,
+                             uint32_t* a_sum, uint32_t* out_sum) {
+  if constexpr (sizeof(T) == 2) {  // as in ReduceUndoSumLoop
+    ReduceOutOfPlaceLoop<T, Op>(a, b, out, n);
+    *a_sum = WordSum(a, n * sizeof(T));
+    *out_sum = WordSum(out, n * sizeof(T));
+  } else {
+    uint32_t a_acc = 0, out_acc = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const T result = Store<T>(Apply<Op>(Load(a[i]), Load(b[i])));
+      out[i] = result;
+      a_acc += Word32(a[i]);
+      out_acc += Word32(result);
+    }
+    *a_sum = a_acc;
+    *out_sum = out_acc;
+  }
+}
+
 template <typename T>
 void ScaleLoop(T* buf, size_t n, int divisor) {
   using A = typename Arith<T>::type;
@@ -182,6 +202,17 @@ void ReduceOutOfPlace(DType dtype, ReduceOp op, const void* a, const void* b, vo
     DispatchOp(op, [&](auto op_tag) {
       ReduceOutOfPlaceLoop<T, decltype(op_tag)::value>(static_cast<const T*>(a), static_cast<const T*>(b),
                                                        static_cast<T*>(out), n);
+    });
+  });
+}
+
+void ReduceOutOfPlaceSum(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
+                         uint32_t* a_sum, uint32_t* out_sum) {
+  DispatchType(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    DispatchOp(op, [&](auto op_tag) {
+      ReduceOutOfPlaceSumLoop<T, decltype(op_tag)::value>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                          static_cast<T*>(out), n, a_sum, out_sum);
     });
   });
 }

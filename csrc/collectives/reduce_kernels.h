@@ -31,6 +31,11 @@ void ReduceIntoWithUndoSum(DType dtype, ReduceOp op, const void* in, void* inout
 // reduce-scatter reads the user's input and writes only scratch until the commit).
 void ReduceOutOfPlace(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n);
 
+// ReduceOutOfPlace that also returns WordSum of `a` (what arrived) and of `out`, taken in the
+// same loop, as ReduceIntoWithUndoSum.
+void ReduceOutOfPlaceSum(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t n,
+                         uint32_t* a_sum, uint32_t* out_sum);
+
 // buf[i] /= divisor, for the final step of an average. Integer types divide and truncate
 // toward zero, as C does.
 void ScaleForAvg(DType dtype, void* buf, size_t n, int divisor);

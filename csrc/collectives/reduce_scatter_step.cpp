@@ -30,7 +30,8 @@ Status ReduceScatterStep(Communicator& comm, const RingBuffer& input, const Ring
   StepBody body;
   body.run = [&](const Deadline& deadline) {
     const size_t bytes = RingReduceScatter::ScratchElements(input.count, comm.size()) * ElementSize(input.dtype);
-    ring = std::make_unique<RingReduceScatter>(comm, input, opt.op, opt.chunk_bytes, opt.step, RingScratch().Get(bytes));
+    ring = std::make_unique<RingReduceScatter>(comm, input, opt.op, opt.chunk_bytes, opt.step, RingScratch().Get(bytes),
+                                               opt.checksums);
     return ring->Run(deadline);
   };
   body.commit = [&] { std::memcpy(output.data, ring->result(), output.count * ElementSize(output.dtype)); };

@@ -28,15 +28,9 @@ RingAllreduce::RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp
   segment_sends_.resize(n_);
   saved_.assign(n_, 0);
   if (checksums_) {
-    const int steps = std::max(2 * (n_ - 1), 0);
-    sent_sums_.resize(steps);
-    got_sums_.resize(steps);
-    expected_sums_.resize(steps);
-    for (int t = 0; t < steps; ++t) {
-      sent_sums_[t].assign(ChunkCount(SendSegment(t)), 0);
-      got_sums_[t].assign(ChunkCount(RecvSegment(t)), 0);
-      expected_sums_[t].assign(ChunkCount(RecvSegment(t)), 0);
-    }
+    sums_ = std::make_unique<ChunkSums>(
+        "ring allreduce", kSumTag, std::max(2 * (n_ - 1), 0), [this](int t) { return ChunkCount(SendSegment(t)); },
+        [this](int t) { return ChunkCount(RecvSegment(t)); });
   }
 }
 
@@ -93,47 +87,18 @@ Status RingAllreduce::PostRecvs(int t) {
                        kRingTag, comm_.handle(), &slot[c]);
     if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: receive");
   }
-  if (checksums_ && !slot.empty()) {
-    MPI_Request req;
-    int rc = MPI_Irecv(expected_sums_[t].data(), static_cast<int>(slot.size()), MPI_UINT32_T, left_, kSumTag,
-                       comm_.handle(), &req);
-    if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: receive checksums");
-    sum_requests_.push_back(req);
+  if (checksums_) {
+    Status s = sums_->PostReceive(comm_, t, left_);
+    if (!s.ok()) return s;
   }
   recvs_posted_[t] = true;
   return Status::Ok();
 }
 
-// The step's chunk sums, in one small message after its chunks (same peer, own tag).
-Status RingAllreduce::PostSums(int t) {
-  if (!checksums_ || sent_sums_[t].empty()) return Status::Ok();
-  MPI_Request req;
-  int rc = MPI_Isend(sent_sums_[t].data(), static_cast<int>(sent_sums_[t].size()), MPI_UINT32_T, right_, kSumTag,
-                     comm_.handle(), &req);
-  if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send checksums");
-  sum_requests_.push_back(req);
-  return Status::Ok();
-}
-
-Status RingAllreduce::VerifySums(const Deadline& deadline) {
-  if (!checksums_) return Status::Ok();
-  Status s = comm_.Wait(sum_requests_.data(), static_cast<int>(sum_requests_.size()), deadline,
-                        "ring allreduce: checksums");
-  if (!s.ok()) return s;
-  for (size_t t = 0; t < got_sums_.size(); ++t) {
-    for (size_t c = 0; c < got_sums_[t].size(); ++c) {
-      if (got_sums_[t][c] == expected_sums_[t][c]) continue;
-      const bool rs = IsReduceScatter(static_cast<int>(t));
-      const int phase_step = rs ? static_cast<int>(t) : static_cast<int>(t) - (n_ - 1);
-      Status bad = Status::Error(
-          StatusCode::kCorruption,
-          "checksum mismatch in chunk " + std::to_string(c) + " of " + (rs ? "reduce-scatter" : "allgather") +
-              " ring step " + std::to_string(phase_step) + " received from rank " + std::to_string(left_));
-      bad.failed_ranks = {left_, rank_};
-      return bad;
-    }
-  }
-  return Status::Ok();
+std::string RingAllreduce::ChunkName(int t, size_t c) const {
+  const bool rs = IsReduceScatter(t);
+  return "chunk " + std::to_string(c) + " of " + (rs ? "reduce-scatter" : "allgather") + " ring step " +
+         std::to_string(rs ? t : t - (n_ - 1));
 }
 
 Status RingAllreduce::PostSend(int t, size_t c) {
@@ -146,7 +111,7 @@ Status RingAllreduce::PostSend(int t, size_t c) {
   if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send");
   // The sums of the input and of reductions were taken as they were written (SaveOwnSegment,
   // ReduceChunk); an allgather step after the first forwards what arrived at the step before.
-  if (checksums_ && t >= n_) sent_sums_[t][c] = got_sums_[t - 1][c];
+  if (checksums_ && t >= n_) sums_->sent(t, c) = sums_->got(t - 1, c);
   segment_sends_[seg].push_back(sends_.size());
   sends_.push_back(req);
   return Status::Ok();
@@ -184,7 +149,7 @@ void RingAllreduce::FaultPoint(int t, size_t c) {
   fault::Flip(point, world_rank, step_, phase_step, static_cast<int>(c), data, length * esize_);
   // A reduce-scatter chunk is summed as it is reduced (ReduceChunk); an allgather chunk here,
   // just after it landed.
-  if (checksums_ && !rs) got_sums_[t][c] = WordSum(data, length * esize_);
+  if (checksums_ && !rs) sums_->got(t, c) = WordSum(data, length * esize_);
 }
 
 // Segment `rank` is sent unreduced at ring step 0 and later overwritten by the allgather: save
@@ -197,7 +162,7 @@ void RingAllreduce::SaveOwnSegment() {
     for (size_t c = 0; c < ChunkCount(rank_); ++c) {
       size_t offset, length;
       ChunkRange(rank_, c, &offset, &length);
-      sent_sums_[0][c] = CopyAndSum(undo_ + offset * esize_, buf_.data + offset * esize_, length * esize_);
+      sums_->sent(0, c) = CopyAndSum(undo_ + offset * esize_, buf_.data + offset * esize_, length * esize_);
     }
   }
   saved_[rank_] = own_len;
@@ -215,19 +180,19 @@ void RingAllreduce::ReduceChunk(int t, size_t c) {
   char* undo = undo_ + offset * esize_;
   const bool scale = t == n_ - 2 && op_ == ReduceOp::kAvg;
   if (checksums_) {
-    ReduceIntoWithUndoSum(buf_.dtype, op_, in, user, undo, length, &got_sums_[t][c], &sent_sums_[t + 1][c]);
+    ReduceIntoWithUndoSum(buf_.dtype, op_, in, user, undo, length, &sums_->got(t, c), &sums_->sent(t + 1, c));
   } else {
     ReduceIntoWithUndo(buf_.dtype, op_, in, user, undo, length);
   }
   if (scale) ScaleForAvg(buf_.dtype, user, length, n_);
-  if (scale && checksums_) sent_sums_[t + 1][c] = WordSum(user, length * esize_);
+  if (scale && checksums_) sums_->sent(t + 1, c) = WordSum(user, length * esize_);
   saved_[RecvSegment(t)] += length;
 }
 
 Status RingAllreduce::Fail(Status s) {
   for (auto& slot : recvs_) comm_.Drain(slot.data(), static_cast<int>(slot.size()));
   comm_.Drain(sends_.data(), static_cast<int>(sends_.size()));
-  comm_.Drain(sum_requests_.data(), static_cast<int>(sum_requests_.size()));
+  if (sums_) sums_->Drain(comm_);
   return s;
 }
 
@@ -238,7 +203,7 @@ Status RingAllreduce::Run(const Deadline& deadline) {
   SaveOwnSegment();
   Status s = PostRecvs(0);
   for (size_t c = 0; s.ok() && c < ChunkCount(SendSegment(0)); ++c) s = PostSend(0, c);
-  if (s.ok()) s = PostSums(0);
+  if (s.ok() && checksums_) s = sums_->PostSend(comm_, 0, right_);
   if (!s.ok()) return Fail(s);
 
   for (int t = 0; t < steps; ++t) {
@@ -266,13 +231,13 @@ Status RingAllreduce::Run(const Deadline& deadline) {
         if (!s.ok()) return Fail(s);
       }
     }
-    if (t + 1 < steps) {
-      s = PostSums(t + 1);
+    if (t + 1 < steps && checksums_) {
+      s = sums_->PostSend(comm_, t + 1, right_);
       if (!s.ok()) return Fail(s);
     }
   }
   s = comm_.Wait(sends_.data(), static_cast<int>(sends_.size()), deadline, "ring allreduce: send");
-  if (s.ok()) s = VerifySums(deadline);
+  if (s.ok() && checksums_) s = sums_->Verify(comm_, deadline, left_, [this](int t, size_t c) { return ChunkName(t, c); });
   if (!s.ok() && s.code != StatusCode::kCorruption) return Fail(s);
   return s;
 }

@@ -20,8 +20,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "collectives/chunk_sums.h"
 #include "collectives/dtype.h"
 #include "collectives/ring_buffer.h"
 #include "core/communicator.h"
@@ -63,9 +66,8 @@ class RingAllreduce {
   Status WaitSendsFromSegment(int seg, const Deadline& deadline);
   void FaultPoint(int t, size_t c);
   void SaveOwnSegment();
+  std::string ChunkName(int t, size_t c) const;  // "chunk 2 of allgather ring step 0"
   void ReduceChunk(int t, size_t c);
-  Status PostSums(int t);
-  Status VerifySums(const Deadline& deadline);
   Status Fail(Status s);
 
   Communicator& comm_;
@@ -82,10 +84,7 @@ class RingAllreduce {
   std::vector<std::vector<size_t>> segment_sends_;  // indices into sends_
   std::vector<size_t> saved_;             // per segment: elements saved in the undo log
   bool checksums_;
-  // Per ring step, per chunk: sums of what this rank sent, of what arrived (computed here), and
-  // what the sender says it sent.
-  std::vector<std::vector<uint32_t>> sent_sums_, got_sums_, expected_sums_;
-  std::vector<MPI_Request> sum_requests_;
+  std::unique_ptr<ChunkSums> sums_;  // with checksums only
 };
 
 }  // namespace ftcomm

@@ -8,13 +8,21 @@
 // partial reduction it made at step t-1 after) and receives segment (r-t-2) mod N, which it
 // reduces with its own input of that segment: out of place, into one of two rotating
 // accumulators, or into the result at the last step.
+//
+// Transit guard (optional), as in the ring allreduce (collectives/chunk_sums.h): each chunk's
+// sum is taken by its sender (a read pass over the input segment sent at step 0; in the
+// reduction's loop after) and by its receiver in the reduction's loop, compared when the ring is
+// done; a mismatch reports kCorruption.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstddef>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "collectives/chunk_sums.h"
 #include "collectives/dtype.h"
 #include "collectives/ring_buffer.h"
 #include "core/communicator.h"
@@ -28,9 +36,11 @@ class RingReduceScatter {
   // `input.count` must be a multiple of the communicator's size; `scratch` must hold
   // ScratchElements(input.count, size) elements of the input's dtype.
   RingReduceScatter(Communicator& comm, const RingBuffer& input, ReduceOp op, size_t chunk_bytes,
-                    int64_t step, char* scratch);
+                    int64_t step, char* scratch, bool checksums = false);
 
   // Runs the ring. On error every request has been drained; the input is untouched either way.
+  // kCorruption (checksums on): a received chunk's sum did not match its sender's;
+  // failed_ranks = {sender, this rank} in the communicator's numbering.
   Status Run(const Deadline& deadline);
   // This rank's reduced segment (input.count / N elements), valid after a successful Run.
   const char* result() const { return result_; }
@@ -49,6 +59,7 @@ class RingReduceScatter {
   Status PostRecvs(int t);
   Status PostSend(int t, size_t c);
   Status WaitSends(int t, const Deadline& deadline);
+  void ReduceChunk(int t, size_t c);
   Status Fail(Status s);
 
   Communicator& comm_;
@@ -63,6 +74,8 @@ class RingReduceScatter {
   std::vector<MPI_Request> recvs_[2];         // per receive slot
   std::vector<bool> recvs_posted_;            // per ring step
   std::vector<std::vector<MPI_Request>> sends_;  // per ring step
+  bool checksums_;
+  std::unique_ptr<ChunkSums> sums_;  // with checksums only
 };
 
 }  // namespace ftcomm

@@ -10,6 +10,7 @@ enum class Tag : int {
   kRingSum = 7004,       // the ring allreduce's per-step chunk checksums (same file)
   kValidate = 7002,      // input validation and min/max rounds (collectives/step_protocol.cpp)
   kReduceScatter = 7003, // ring reduce-scatter chunks (collectives/ring_reduce_scatter.cpp)
+  kReduceScatterSum = 7005,  // the ring reduce-scatter's per-step chunk checksums (same file)
   kAllgather = 7101,     // Communicator.allgather's ring (ftcomm/core/p2p.py)
   kBroadcast = 7102,     // Communicator.broadcast's binomial tree (ftcomm/core/p2p.py)
   kSubgroup = 7200,      // MPI_Comm_create_group of torch subgroups, this and up (ftcomm/torch/backend.py)

@@ -344,7 +344,8 @@ class Communicator:
         return int(step)
 
     def reduce_scatter(self, input, output, op: str = "sum", step: int | None = None,  # noqa: A002
-                       timeout: float | None = None, chunk_bytes: int | None = None) -> int:
+                       timeout: float | None = None, chunk_bytes: int | None = None,
+                       checksums: bool | None = None) -> int:
         """Fault-aware ring reduce-scatter, committed as one step: ``output`` on rank r receives
         segment r of the elementwise reduction of every rank's ``input``.
 
@@ -355,6 +356,9 @@ class Communicator:
             output: a contiguous, writable host buffer of ``M`` elements, same dtype. Written
                 only when the step commits.
             op, step, timeout, chunk_bytes: as ``allreduce``.
+            checksums: the transit guard, as ``allreduce`` (default FTCOMM_CHECKSUMS, off); the
+                sums of the input sent at the first ring step take one read pass over 1/N of it,
+                the others ride in the reduction's loop.
 
         Returns:
             The step id committed (or replayed).
@@ -365,6 +369,9 @@ class Communicator:
                 or dtypes. Nothing was touched.
             ProcFailedError, RevokedError, CollectiveTimeoutError: as ``allreduce``; ``input`` and
                 ``output`` are bitwise as before the call on every survivor.
+            SilentCorruptionError: with checksums, data arrived corrupted somewhere (``.ranks``:
+                [sender, receiver] world ranks), on every rank; ``output`` unchanged, nothing
+                committed: redo the step.
 
         Algorithm: the reduce-scatter half of the ring allreduce (Patarasuk & Yuan, JPDC 2009):
         N-1 ring steps, (N-1)/N of the input sent and received per rank, half an allreduce's
@@ -390,7 +397,8 @@ class Communicator:
             step = self.last_committed_step + 1
         args = (code or 0, int(step), _timeout(timeout), int(chunk_bytes or settings.chunk_bytes()), int(problem))
         try:
-            _, validate_s, ring_s, agree_s = self._core.reduce_scatter(in_triple, out_triple, *args)
+            guard = settings.checksums() if checksums is None else bool(checksums)
+            _, validate_s, ring_s, agree_s = self._core.reduce_scatter(in_triple, out_triple, *args, guard)
             self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
             raise self._with_offender_detail(error, detail, timeout) from None

@@ -43,6 +43,40 @@ def test_flip_in_transit_is_caught_on_every_rank_and_redone(n, rank, point, ring
     assert len({rep["digest"] for rep in reports.values()}) == 1
 
 
+# (world size, receiving world rank, ring step, chunk, dtype, op) in the committed reduce-scatter
+RS_FLIPS = [(4, 1, 0, 0, "float32", "sum"), (4, 3, 2, 1, "float64", "avg"), (3, 0, 1, 1, "bfloat16", "max"),
+            (2, 1, 0, 1, "int32", "sum")]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("n,rank,ring_step,chunk,dtype,op", RS_FLIPS,
+                         ids=[f"n{f[0]}-rank{f[1]}-{f[2]}-{f[3]}-{f[4]}-{f[5]}" for f in RS_FLIPS])
+def test_flip_in_reduce_scatter_transit_is_caught_on_every_rank_and_redone(n, rank, ring_step, chunk, dtype, op):
+    job = run_job(JOBS / "reduce_scatter_bitflip.py", n, "core", dtype, op,
+                  env={"FTCOMM_FAULT": _spec(rank, "reduce_scatter", ring_step, chunk)}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert sorted(reports) == list(range(n)), job.describe()
+    for rep in reports.values():
+        assert "in transit" in rep["error"].pop("message")
+        assert rep["error"] == {"type": "SilentCorruptionError", "step": 1, "ranks": [(rank - 1) % n, rank],
+                                "failed_ranks": [], "unchanged": True}, rep
+        assert rep["correct"] is True and rep["last_committed"] == 1
+
+
+@pytest.mark.fault
+def test_torch_reduce_scatter_tensor_is_redone_after_a_flip_in_transit():
+    job = run_job(JOBS / "reduce_scatter_bitflip.py", 4, "torch", timeout=120,
+                  env={"FTCOMM_FAULT": "rank=2,point=reduce_scatter,ring_step=1,chunk=0,kind=bitflip",
+                       "FTCOMM_CHECKSUMS": "1"})
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert sorted(reports) == [0, 1, 2, 3], job.describe()
+    for rep in reports.values():
+        assert rep["correct"] is True
+        assert rep["corruptions"] == [[[1, 2], "reduce_scatter_tensor", "redone"]], rep
+
+
 @pytest.mark.fault
 def test_without_the_guard_a_flip_commits_silently():
     n = 4
