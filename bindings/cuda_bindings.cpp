@@ -61,7 +61,7 @@ using DeviceQuad = std::tuple<uintptr_t, size_t, int, uintptr_t>;  // (address, 
 
 py::tuple StagedAllreduce(py::handle communicator, const std::vector<DeviceQuad>& quads, int device,
                           int op, int64_t step, double timeout, size_t chunk_bytes, int problem,
-                          bool host_memory_ops) {
+                          bool checksums, bool fingerprints, bool host_memory_ops) {
   ftcomm::Communicator& comm = CoreCommunicatorOf(communicator);
   std::vector<ftcomm::DeviceBuffer> buffers;
   for (const DeviceQuad& q : quads) {
@@ -86,6 +86,8 @@ py::tuple StagedAllreduce(py::handle communicator, const std::vector<DeviceQuad>
   opt.timeout_s = timeout;
   opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
   opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
+  opt.checksums = checksums;  // the guard runs on the pinned host copy
+  opt.fingerprints = fingerprints;
   ftcomm::AllreduceStepResult result;
   ftcomm::StagedStepStats stats;
   ftcomm::Status s;
@@ -194,7 +196,7 @@ void RegisterCudaBindings(py::module_& m) {
         "1 if the MPI library passes device pointers (MPIX_Query_cuda_support), 0 if not, -1 unknown");
   m.def("cuda_allreduce", &StagedAllreduce, py::arg("comm"), py::arg("buffers"), py::arg("device"),
         py::arg("op"), py::arg("step"), py::arg("timeout"), py::arg("chunk_bytes"), py::arg("problem"),
-        py::arg("host_memory_ops") = false,
+        py::arg("checksums") = false, py::arg("fingerprints") = false, py::arg("host_memory_ops") = false,
         "Staged allreduce of device buffers [(address, count, dtype code, stream)]; returns "
         "(replayed, copy_in_s, step_s, copy_out_s)");
 }

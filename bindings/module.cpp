@@ -145,7 +145,8 @@ void RegisterEnums(py::module_& m) {
       .value("NOT_A_BUFFER", ftcomm::InputProblem::kNotABuffer)
       .value("MIXED_DEVICES", ftcomm::InputProblem::kMixedDevices)
       .value("STEP_NOT_AFTER_COMMITTED", ftcomm::InputProblem::kStepNotAfterCommitted)
-      .value("OUTPUT_SHAPE", ftcomm::InputProblem::kOutputShape);
+      .value("OUTPUT_SHAPE", ftcomm::InputProblem::kOutputShape)
+      .value("BAD_CHUNK_BYTES", ftcomm::InputProblem::kBadChunkBytes);
   py::enum_<ftcomm::fault::Kind>(m, "FaultKind", py::arithmetic(), "How an injected fault fails a rank.")
       .value("KILL", ftcomm::fault::Kind::kKill)
       .value("EXIT", ftcomm::fault::Kind::kExit)

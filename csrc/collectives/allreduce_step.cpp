@@ -11,18 +11,22 @@ namespace ftcomm {
 namespace {
 
 Scratch& UndoScratch() {
-  static Scratch s;
+  thread_local Scratch s;  // per thread: two threads' collectives (two communicators) never share it
   return s;
 }
 Scratch& StagingScratch() {
-  static Scratch s;
+  thread_local Scratch s;  // per thread: two threads' collectives (two communicators) never share it
   return s;
 }
 
 }  // namespace
 
 Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
-                     const AllreduceStepOptions& opt, AllreduceStepResult* result) {
+                     const AllreduceStepOptions& options, AllreduceStepResult* result) {
+  AllreduceStepOptions opt = options;
+  // Fingerprints need the transit checksums: a flip in transit is forwarded around the ring, so a
+  // majority of ranks could hold the corrupted result and single out the one rank that is right.
+  opt.checksums = opt.checksums || opt.fingerprints;
   std::vector<RingAllreduce> rings;
   StepBody body;
   body.run = [&](const Deadline& deadline) {
@@ -49,8 +53,10 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
     }
     return corrupted;
   };
+  // Last ring first: where a bucket's buffers overlap, a later ring's undo log holds what the
+  // earlier ring wrote, and the earlier ring's log the original values, which must win.
   body.undo = [&] {
-    for (RingAllreduce& ring : rings) ring.Undo();
+    for (auto ring = rings.rbegin(); ring != rings.rend(); ++ring) ring->Undo();
   };
   // Every rank must hold the same result: one more read pass over the buffers, with fingerprints on.
   body.fingerprint = [&] {

@@ -10,7 +10,7 @@ namespace ftcomm {
 namespace {
 
 Scratch& RingScratch() {
-  static Scratch s;
+  thread_local Scratch s;  // per thread: two threads' collectives (two communicators) never share it
   return s;
 }
 

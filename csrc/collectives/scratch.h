@@ -1,5 +1,7 @@
 // Reusable host scratch for the collectives (undo log, staging, partial sums), grown on demand
-// and kept for the next step: large allocations would otherwise page-fault on every call.
+// and kept for the next step: large allocations would otherwise page-fault on every call. The
+// collectives keep one per thread, so that collectives on different communicators may run in
+// different threads at once.
 #pragma once
 
 #include <cstddef>

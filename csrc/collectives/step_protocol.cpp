@@ -25,13 +25,18 @@ namespace {
 constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
 
 enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
-             kGuard, kFields };
+             kGuard, kChunkBytes, kFields };
 
 // "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
 std::string RankName(const Communicator& comm, int64_t rank) {
   std::string out = "rank " + std::to_string(rank);
   if (rank >= 0 && rank < comm.size()) out += " (world rank " + std::to_string(comm.world_ranks()[rank]) + ")";
   return out;
+}
+
+// The corruption guard's settings, packed as checksums | fingerprints << 1, in words.
+std::string GuardText(int64_t guard) {
+  return std::string("checksums ") + (guard & 1 ? "on" : "off") + ", fingerprints " + (guard & 2 ? "on" : "off");
 }
 
 const char* DTypeName(int64_t code) {
@@ -101,7 +106,9 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   local[kFirstDType] = first_dtype * kRankSlots + comm.rank();
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
-  local[kGuard] = (opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0);
+  // The ranks ride in the low bits here too: both settings change the messages of the ring.
+  local[kGuard] = ((opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0)) * kRankSlots + comm.rank();
+  local[kChunkBytes] = static_cast<int64_t>(opt.chunk_bytes) * kRankSlots + comm.rank();
   if (opt.step <= comm.last_committed_step()) {
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
@@ -131,9 +138,14 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   } else if (min_of(kOp) != max_of(kOp)) {
     why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
           std::to_string(max_of(kOp)) + ")";
-  } else if (min_of(kGuard) != max_of(kGuard)) {
-    why = "ranks differ on the corruption guard (transit checksums or result fingerprints on for some, off for "
-          "others: FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS)";
+  } else if (min_of(kGuard) / kRankSlots != max_of(kGuard) / kRankSlots) {
+    why = "ranks differ on the corruption guard (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS; " +
+          RankName(comm, min_of(kGuard) % kRankSlots) + ": " + GuardText(min_of(kGuard) / kRankSlots) + ", " +
+          RankName(comm, max_of(kGuard) % kRankSlots) + ": " + GuardText(max_of(kGuard) / kRankSlots) + ")";
+  } else if (min_of(kChunkBytes) / kRankSlots != max_of(kChunkBytes) / kRankSlots) {
+    why = "ranks passed different chunk_bytes (" + RankName(comm, min_of(kChunkBytes) % kRankSlots) + ": " +
+          std::to_string(min_of(kChunkBytes) / kRankSlots) + ", " + RankName(comm, max_of(kChunkBytes) % kRankSlots) +
+          ": " + std::to_string(max_of(kChunkBytes) / kRankSlots) + ")";
   } else if (min_of(kNumBuffers) != max_of(kNumBuffers)) {
     why = "ranks passed different numbers of buffers (from " + std::to_string(min_of(kNumBuffers)) +
           " to " + std::to_string(max_of(kNumBuffers)) + ")";
@@ -354,6 +366,7 @@ const char* InputProblemText(InputProblem problem) {
     case InputProblem::kStepNotAfterCommitted: return "its step id is not after the last committed step";
     case InputProblem::kOutputShape:
       return "the output is not 1/N of the input (N the world size) or has another dtype than the input";
+    case InputProblem::kBadChunkBytes: return "its chunk_bytes is not a positive integer";
   }
   return "invalid input";
 }

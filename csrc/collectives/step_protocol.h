@@ -42,6 +42,7 @@ enum class InputProblem : int {
   kMixedDevices = 6,
   kStepNotAfterCommitted = 7,  // found by the validation itself, not passed in
   kOutputShape = 8,            // reduce-scatter: output is not 1/N of the input, or another dtype
+  kBadChunkBytes = 9,          // chunk_bytes is not a positive integer
 };
 
 // What `problem` means, in words ("a buffer is not contiguous").
@@ -59,7 +60,7 @@ struct StepOptions {
   // Result fingerprints: each rank hashes its whole result once more after the ring (a read pass
   // over the buffers) and the hashes are compared in the commit agreement, so that ranks whose
   // results differ (a flip in memory after the data arrived) cannot all commit: kResultsDiffer.
-  // Must agree across ranks.
+  // Must agree across ranks; the allreduce turns the checksums on with them.
   bool fingerprints = false;
 };
 

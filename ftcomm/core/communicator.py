@@ -20,6 +20,18 @@ from .events import RecoveryEvent
 
 
 _timeout = settings.resolve_timeout
+_MAX_CHUNK_BYTES = 1 << 30  # the core's bound (a larger chunk is cut to it)
+
+
+def _chunk_bytes(value) -> tuple[int, str]:
+    """The ring chunk to pass to the core (FTCOMM_CHUNK_BYTES when ``value`` is None) and, for a
+    value that is not a positive integer, why it was refused (then the chunk passed is a
+    placeholder: the step fails its validation on every rank)."""
+    if value is None:
+        return int(settings.chunk_bytes()), ""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        return 1 << 20, f"chunk_bytes {value!r} was given"
+    return int(min(value, _MAX_CHUNK_BYTES)), ""
 
 # Recovery policies other than "shrink", by name: the membership layer registers "spares" and
 # "respawn" (register_recovery_policy), so that this layer needs to know nothing of spare pools.
@@ -295,12 +307,15 @@ class Communicator:
             timeout: deadline in seconds for the whole step.
             chunk_bytes: pipelining chunk of the ring, bytes (default FTCOMM_CHUNK_BYTES, 1 MiB).
             checksums: the transit guard against silent data corruption (default
-                FTCOMM_CHECKSUMS, off): each ring chunk's 64-bit word sum is checked on arrival
-                against its sender's before the commit. Host buffers only; the same on every rank.
+                FTCOMM_CHECKSUMS, off): each ring chunk's sum of 32-bit words is checked on
+                arrival against its sender's before the commit (CUDA buffers: on their pinned
+                host copy). The same on every rank.
             fingerprints: result fingerprints (default FTCOMM_FINGERPRINTS, off): after the ring
                 each rank hashes its whole result (one more read pass) and a 14-bit fingerprint
                 is compared in the commit agreement, which catches a flip in a rank's memory
-                after the data arrived. Host buffers only; the same on every rank.
+                after the data arrived. Turns the checksums on too (without them a flip in
+                transit, forwarded around the ring, could put the majority on the wrong side).
+                The same on every rank.
 
         Returns:
             The step id committed (or replayed).
@@ -330,13 +345,16 @@ class Communicator:
             bufs.detail = f"op {op!r} was given"
         if step is None:
             step = self.last_committed_step + 1
-        args = (code or 0, int(step), _timeout(timeout), int(chunk_bytes or settings.chunk_bytes()), int(problem))
+        chunk, chunk_problem = _chunk_bytes(chunk_bytes)
+        if problem == InputProblem.NONE and chunk_problem:
+            problem, bufs.detail = InputProblem.BAD_CHUNK_BYTES, chunk_problem
+        args = (code or 0, int(step), _timeout(timeout), chunk, int(problem))
+        guard = settings.checksums() if checksums is None else bool(checksums)
+        compare = settings.fingerprints() if fingerprints is None else bool(fingerprints)
         try:
             if bufs.device is not None:  # device buffers, staged through pinned host memory
-                cuda.staged_allreduce(self._core, bufs, *args)
+                cuda.staged_allreduce(self._core, bufs, *args, guard, compare)
             else:
-                guard = settings.checksums() if checksums is None else bool(checksums)
-                compare = settings.fingerprints() if fingerprints is None else bool(fingerprints)
                 _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args, guard, compare)
                 self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
@@ -393,9 +411,12 @@ class Communicator:
         if problem == InputProblem.NONE and (in_triple[2] != out_triple[2] or in_triple[1] != out_triple[1] * self.size):
             detail = (f"its input has {in_triple[1]} elements and its output {out_triple[1]} "
                       f"(needs {self.size} x output), dtype codes {in_triple[2]} and {out_triple[2]}")
+        chunk, chunk_problem = _chunk_bytes(chunk_bytes)
+        if problem == InputProblem.NONE and chunk_problem:
+            problem, detail = InputProblem.BAD_CHUNK_BYTES, chunk_problem
         if step is None:
             step = self.last_committed_step + 1
-        args = (code or 0, int(step), _timeout(timeout), int(chunk_bytes or settings.chunk_bytes()), int(problem))
+        args = (code or 0, int(step), _timeout(timeout), chunk, int(problem))
         try:
             guard = settings.checksums() if checksums is None else bool(checksums)
             _, validate_s, ring_s, agree_s = self._core.reduce_scatter(in_triple, out_triple, *args, guard)

@@ -174,13 +174,15 @@ last_stats: dict = {}
 
 
 def staged_allreduce(core, described, op: int, step: int, timeout: float, chunk_bytes: int,
-                     problem: int) -> bool:
+                     problem: int, checksums: bool = False, fingerprints: bool = False) -> bool:
     """Runs one staged allreduce step over the core communicator ``core`` for the device bucket
-    ``described`` (``buffers.describe``); returns True if it was a replay. Raises the ftcomm
-    error of the step (InvalidInputError, ProcFailedError, ...), the device buffers untouched."""
+    ``described`` (``buffers.describe``); returns True if it was a replay. ``checksums`` and
+    ``fingerprints``: the corruption guard, on the pinned host copy. Raises the ftcomm error of
+    the step (InvalidInputError, ProcFailedError, SilentCorruptionError, ...), the device buffers
+    untouched."""
     replayed, copy_in, step_s, copy_out = _C.cuda_allreduce(
         core, described.triples, described.device, op, step, timeout, chunk_bytes, problem,
-        host_memory_ops=_host_memory_for_tests)
+        checksums=checksums, fingerprints=fingerprints, host_memory_ops=_host_memory_for_tests)
     last_stats.update(copy_in_s=copy_in, step_s=step_s, copy_out_s=copy_out)
     return bool(replayed)
 

@@ -78,6 +78,31 @@ def test_torch_reduce_scatter_tensor_is_redone_after_a_flip_in_transit():
 
 
 @pytest.mark.fault
+@pytest.mark.parametrize("alias", ["same", "overlap"])
+def test_bucket_of_aliased_buffers_is_restored_after_a_voided_step(alias):
+    job = run_job(JOBS / "allreduce_alias.py", 4, alias, timeout=90,
+                  env={"FTCOMM_FAULT": _spec(2, "reduce_scatter", 0, 0)})
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank()
+    assert sorted(reports) == [0, 1, 2, 3], job.describe()
+    assert all(rep == {"error": "SilentCorruptionError", "unchanged": True, "world_rank": rank}
+               for rank, rep in reports.items()), reports
+
+
+@pytest.mark.fault
+def test_fingerprints_alone_turn_the_transit_checksums_on():
+    """Fingerprints without checksums would let a flip in the allgather travel on around the ring,
+    so that the majority holds the corrupted result and names the one right rank; with them the
+    transit check catches it first and names the link."""
+    job = run_job(JOBS / "allreduce_bitflip.py", 4, COUNT, "float32", "sum", "fingerprints",
+                  env={"FTCOMM_FAULT": _spec(2, "allgather", 0, 0)}, timeout=90)
+    assert job.returncode == 0, job.describe()
+    for rep in job.by_rank().values():
+        assert (rep["error"]["type"], rep["error"]["ranks"]) == ("SilentCorruptionError", [1, 2]), rep
+        assert rep["correct"] is True
+
+
+@pytest.mark.fault
 def test_without_the_guard_a_flip_commits_silently():
     n = 4
     job = run_job(JOBS / "allreduce_bitflip.py", n, COUNT, "float32", "sum", "off",

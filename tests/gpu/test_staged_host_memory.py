@@ -35,6 +35,19 @@ def test_fake_device_allreduce_kill_in_allgather():
     assert_recovered_from_kill_in_allgather(job)
 
 
+@pytest.mark.fault
+def test_fake_device_allreduce_guard_catches_a_flip_in_transit():
+    """checksums=True on device buffers: the guard runs on their pinned host copy."""
+    flip = {"FTCOMM_FAULT": "rank=2,point=reduce_scatter,step=1,ring_step=0,chunk=0,kind=bitflip"}
+    job = run_job(JOBS / "device_guard.py", 4, env={**JOB_ENV, **flip}, timeout=120)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="guard")
+    assert sorted(reports) == [0, 1, 2, 3], job.describe()
+    for rep in reports.values():
+        assert rep["error"] == {"type": "SilentCorruptionError", "ranks": [1, 2], "unchanged": True}, rep
+        assert rep["correct"] is True
+
+
 def test_describe_routes_device_buffers():
     fcuda._use_host_memory_for_tests(True)
     try:

@@ -196,12 +196,51 @@ def test_guarded_reduce_scatter_raises_no_false_alarm_in_300_steps(comm):
         np.testing.assert_array_equal(out.astype(np.float64), whole[comm.rank * block:(comm.rank + 1) * block])
 
 
+def test_two_threads_on_two_communicators_run_guarded_steps_at_once(comm):
+    """Each thread keeps its own scratch (undo log, staging): two communicators' steps in two
+    threads at once stay right, and no false alarm is raised."""
+    import threading
+
+    import ftcomm
+
+    other = ftcomm.Communicator(comm.mpi_comm)
+    results = {}
+
+    def work(c, tag):
+        good = 0
+        for step in range(40):
+            x = np.full(100_000, float(c.rank + tag), np.float32)
+            c.allreduce(x, checksums=True, chunk_bytes=65536, timeout=60)
+            good += bool(np.all(x == float(sum(r + tag for r in range(c.size)))))
+        results[tag] = good
+
+    thread = threading.Thread(target=work, args=(other, 2))
+    thread.start()
+    work(comm, 1)
+    thread.join()
+    assert results == {1: 40, 2: 40}
+
+
+def test_chunk_bytes_must_agree_across_ranks(comm):
+    import ftcomm
+
+    buf = np.ones(1000, np.float32)
+    with pytest.raises(ftcomm.InvalidInputError, match="different chunk_bytes"):
+        comm.allreduce(buf, chunk_bytes=4096 if comm.rank == 0 else 1024, timeout=20)
+    with pytest.raises(ftcomm.InvalidInputError, match=r"its chunk_bytes is not a positive integer.*chunk_bytes -1"):
+        comm.allreduce(buf, chunk_bytes=-1 if comm.rank == comm.size - 1 else 4096, timeout=20)
+    with pytest.raises(ftcomm.InvalidInputError, match="different chunk_bytes"):
+        comm.reduce_scatter(np.ones(comm.size * 300, np.float32), np.zeros(300, np.float32),
+                            chunk_bytes=256 * (comm.rank + 1), timeout=20)
+    np.testing.assert_array_equal(buf, np.ones(1000, np.float32))
+
+
 @pytest.mark.parametrize("guard", ["checksums", "fingerprints"])
 def test_guard_must_agree_across_ranks(comm, guard):
     import ftcomm
 
     buf = np.ones(10, np.float32)
-    with pytest.raises(ftcomm.InvalidInputError, match="corruption guard"):
+    with pytest.raises(ftcomm.InvalidInputError, match=r"corruption guard .*rank 0 \(world rank \d+\): checksums on"):
         comm.allreduce(buf, timeout=20, **{guard: comm.rank == 0})
     np.testing.assert_array_equal(buf, np.ones(10, np.float32))
 
