@@ -27,6 +27,8 @@ namespace py = pybind11;
 // Defined in bindings/module.cpp.
 ftcomm::Communicator& CoreCommunicatorOf(py::handle communicator);
 void RaiseIfError(const ftcomm::Status& status);
+ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem,
+                                    bool checksums, bool fingerprints);
 
 namespace {
 
@@ -80,14 +82,8 @@ py::tuple StagedAllreduce(py::handle communicator, const std::vector<DeviceQuad>
     NoCuda();
 #endif
   }
-  ftcomm::AllreduceStepOptions opt;
-  opt.op = OpOf(op);
-  opt.step = step;
-  opt.timeout_s = timeout;
-  opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
-  opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
-  opt.checksums = checksums;  // the guard runs on the pinned host copy
-  opt.fingerprints = fingerprints;
+  // the guard, if on, runs on the pinned host copy
+  ftcomm::AllreduceStepOptions opt = StepOptionsFrom(op, step, timeout, chunk_bytes, problem, checksums, fingerprints);
   ftcomm::AllreduceStepResult result;
   ftcomm::StagedStepStats stats;
   ftcomm::Status s;

@@ -55,19 +55,6 @@ struct PyCommunicator {
 
 using Triple = std::tuple<uintptr_t, size_t, int>;  // (address, count, dtype code)
 
-ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem,
-                                    bool checksums = false, bool fingerprints = false) {
-  if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
-  ftcomm::StepOptions opt;
-  opt.op = static_cast<ftcomm::ReduceOp>(op);
-  opt.step = step;
-  opt.timeout_s = timeout;
-  opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
-  opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
-  opt.checksums = checksums;
-  opt.fingerprints = fingerprints;
-  return opt;
-}
 
 py::tuple StepTuple(const ftcomm::StepResult& r) {
   return py::make_tuple(r.replayed, r.validate_s, r.ring_s, r.agree_s);
@@ -105,6 +92,22 @@ PyCommunicator Create(py::object mpi4py_comm, double timeout_s) {
 // Status-to-exception conversion.
 ftcomm::Communicator& CoreCommunicatorOf(py::handle communicator) {
   return *py::cast<PyCommunicator&>(communicator).core;
+}
+
+// The step options of a committed collective from the binding's arguments (also used by
+// bindings/cuda_bindings.cpp); chunk_bytes is clamped to [64 B, 1 GiB].
+ftcomm::StepOptions StepOptionsFrom(int op, int64_t step, double timeout, size_t chunk_bytes, int problem,
+                                    bool checksums = false, bool fingerprints = false) {
+  if (!ftcomm::ValidReduceOp(op)) throw py::value_error("invalid op code");
+  ftcomm::StepOptions opt;
+  opt.op = static_cast<ftcomm::ReduceOp>(op);
+  opt.step = step;
+  opt.timeout_s = timeout;
+  opt.chunk_bytes = std::min<size_t>(std::max<size_t>(chunk_bytes, 64), size_t(1) << 30);
+  opt.local_problem = static_cast<ftcomm::InputProblem>(problem);
+  opt.checksums = checksums;
+  opt.fingerprints = fingerprints;
+  return opt;
 }
 void RaiseIfError(const Status& status) { ThrowIfError(status); }
 void RegisterCudaBindings(py::module_& m);  // defined in bindings/cuda_bindings.cpp

@@ -2,6 +2,10 @@
 
 namespace ftcomm {
 
+std::string RingChunkName(const char* phase, int ring_step, size_t chunk) {
+  return "chunk " + std::to_string(chunk) + " of " + phase + " ring step " + std::to_string(ring_step);
+}
+
 ChunkSums::ChunkSums(const char* name, int tag, int steps, const std::function<size_t(int)>& send_chunks,
                      const std::function<size_t(int)>& recv_chunks)
     : name_(name), tag_(tag) {

@@ -20,6 +20,9 @@
 
 namespace ftcomm {
 
+// "chunk 2 of allgather ring step 0": how the rings name a chunk in their errors.
+std::string RingChunkName(const char* phase, int ring_step, size_t chunk);
+
 class ChunkSums {
  public:
   // `name` starts error messages; `send_chunks(t)` and `recv_chunks(t)`: how many chunks ring

@@ -97,8 +97,7 @@ Status RingAllreduce::PostRecvs(int t) {
 
 std::string RingAllreduce::ChunkName(int t, size_t c) const {
   const bool rs = IsReduceScatter(t);
-  return "chunk " + std::to_string(c) + " of " + (rs ? "reduce-scatter" : "allgather") + " ring step " +
-         std::to_string(rs ? t : t - (n_ - 1));
+  return RingChunkName(rs ? "reduce-scatter" : "allgather", rs ? t : t - (n_ - 1), c);
 }
 
 Status RingAllreduce::PostSend(int t, size_t c) {

@@ -154,9 +154,7 @@ Status RingReduceScatter::Run(const Deadline& deadline) {
     if (!s.ok()) return Fail(s);
   }
   if (checksums_) {
-    s = sums_->Verify(comm_, deadline, left_, [](int t, size_t c) {
-      return "chunk " + std::to_string(c) + " of reduce-scatter ring step " + std::to_string(t);
-    });
+    s = sums_->Verify(comm_, deadline, left_, [](int t, size_t c) { return RingChunkName("reduce-scatter", t, c); });
     if (!s.ok() && s.code != StatusCode::kCorruption) return Fail(s);
   }
   return s;
