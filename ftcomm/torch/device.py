@@ -27,6 +27,9 @@ import torch
 class CudaOps:
     """The device operations staging needs, on CUDA."""
 
+    def __init__(self):
+        self._side_streams: dict = {}  # device -> the stream that copies shards to the host
+
     def is_device(self, t: torch.Tensor) -> bool:
         return t.device.type == "cuda"
 
@@ -61,6 +64,40 @@ class CudaOps:
                 streams.add(torch.cuda.current_stream(t.device))
         for stream in streams:
             stream.synchronize()
+
+    # -- for a shard of optimizer state in device memory (device_shard.py) ----------------------
+    def empty_on(self, dev: torch.device, shape: tuple) -> torch.Tensor:
+        """An uninitialised float32 tensor of ``shape`` on ``dev``."""
+        return torch.empty(shape, dtype=torch.float32, device=dev)
+
+    def to_device(self, host: torch.Tensor, t: torch.Tensor) -> None:
+        """Copies ``host`` into the device tensor ``t`` and waits for the copy."""
+        with torch.cuda.device(t.device):
+            t.copy_(host, non_blocking=True)
+            torch.cuda.current_stream(t.device).synchronize()
+
+    def shard_to_host(self, shard: torch.Tensor, host: torch.Tensor) -> tuple:
+        """Starts copying the device ``shard`` (slots, L) into ``host`` (page-locked, same shape)
+        on a side stream, after the work queued so far on the current stream: row 0 first, then
+        the rest. Returns (marker of row 0, marker of the rest) for ``wait``."""
+        dev = shard.device
+        with torch.cuda.device(dev):
+            side = self._side_stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                host[0].copy_(shard[0], non_blocking=True)
+                first = torch.cuda.Event()
+                first.record(side)
+                host[1:].copy_(shard[1:], non_blocking=True)
+                rest = torch.cuda.Event()
+                rest.record(side)
+            shard.record_stream(side)  # the caching allocator must not reuse it before the copy ends
+        return [first], [rest]
+
+    def _side_stream(self, dev: torch.device):
+        if dev not in self._side_streams:
+            self._side_streams[dev] = torch.cuda.Stream(dev)
+        return self._side_streams[dev]
 
     def devices(self, tensors: list) -> list:
         """The distinct CUDA devices of ``tensors``, in first-seen order."""

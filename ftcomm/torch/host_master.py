@@ -2,11 +2,13 @@
 
 The sharded engine (``ftcomm.training.ShardedOptimizer``) keeps the parameters in one flat host
 buffer, its shards and their replicas in host memory. For a model on a GPU, the optimizer gives
-the engine host tensors that stand for the device parameters (their master copies), as
-ZeRO-Offload does (Ren et al., USENIX ATC'21): at each step the gradients go device to host, the
-engine updates its shard on the CPU with torch's kernels, and the committed parameters go host to
-device. The device parameters are written only after a step committed or a rebuild finished, so a
-voided step leaves them bitwise as they were, as the backend's collectives do (``device.py``).
+the engine host tensors that stand for the device parameters (their master copies). The shard is
+then updated on the device (``device_shard.py``: the default when every parameter is on one
+device), or, with ``offload=True``, on the CPU as ZeRO-Offload does (Ren et al., USENIX ATC'21:
+at each step the gradients go device to host and torch's CPU kernels update the shard). Either
+way the committed parameters go host to device after each step. The device parameters are
+written only after a step committed or a rebuild finished, so a voided step leaves them bitwise
+as they were, as the backend's collectives do (``device.py``).
 """
 from __future__ import annotations
 
@@ -38,6 +40,14 @@ class HostMaster:
                     params.append(p)
             self.groups.append(dict(group, params=params))
         self.on_device = bool(self._pairs)
+        # every parameter on one device: the shard can then be updated there (device_shard.py)
+        self.one_device = self.on_device and len(self._pairs) == sum(len(g["params"]) for g in groups) \
+            and len({p.device for p, _ in self._pairs}) == 1
+
+    @property
+    def device_params(self) -> list[torch.Tensor]:
+        """The device parameters, in the engine's flat order."""
+        return [p for p, _ in self._pairs]
 
     def grads_to_host(self) -> None:
         """Each master's ``.grad`` = its device parameter's (None stays None)."""

@@ -39,6 +39,7 @@ from ..core.outcome import retrying
 from ..training import ShardedOptimizer
 from ..training.stepper import probe, resolve
 from .executor import EXECUTOR
+from .device_shard import DeviceShard, pin_host_memory
 from .host_master import HostMaster
 from .process_group import ftcomm_group
 from .step_state import step_voided, void_current_step
@@ -67,9 +68,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     Args:
         params: the DDP model's parameters, or param groups (dicts), as for any torch optimizer:
             float32 tensors that require grad, the same shapes and groups on every rank. On CPU
-            the engine works on them in place; on a GPU it works on host master copies and the
-            device parameters receive each committed step (``host_master.py``: the update runs
-            on the CPU, as in ZeRO-Offload).
+            the engine works on them in place. On a GPU (every parameter on one device) the
+            shard's state lives in device memory and torch's device kernels update it, with its
+            committed copy and the replicas in page-locked host memory (``device_shard.py``);
+            the device parameters receive each committed step from host master copies
+            (``host_master.py``).
         optimizer_class: a ``torch.optim.Optimizer`` class whose update is elementwise (SGD,
             Adam, AdamW, Adagrad, RMSprop, NAdam, RAdam, Adamax, ASGD, Rprop, Adadelta).
         process_group: the ftcomm process group DDP uses (default: the default group).
@@ -78,6 +81,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             (4 x numel bytes), plus (1 + 1 + 2k) x (state slots + 1) x 4 x numel / (world size
             - 1) bytes for the live and staging shards and the committed and pending replicas
             (allocated with room for one shrink, ``ftcomm/training/storage.py``).
+        offload: True keeps the state of a GPU model's shard in host memory only and updates
+            it there with torch's CPU kernels (ZeRO-Offload: less device memory, a slower step;
+            the gradients go to the host whole). Always so for parameters spread over several
+            devices or mixed with host ones.
         parameters_as_bucket_view, overlap_with_ddp: torch's; the parameters always live in one
             flat buffer here, and overlap with DDP is refused.
         **defaults: the optimizer class's arguments (lr, betas, weight_decay, momentum, ...).
@@ -97,7 +104,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     replaced rank's replica, the survivors keep theirs: one shard moves, not the whole state.
     """
 
-    def __init__(self, params, optimizer_class, *, process_group=None, replicas: int = 1,
+    def __init__(self, params, optimizer_class, *, process_group=None, replicas: int = 1, offload: bool = False,
                  parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, **defaults):
         self._pg = ftcomm_group(process_group, "ftcomm.torch.ZeroRedundancyOptimizer")
         if overlap_with_ddp:
@@ -109,6 +116,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._master: HostMaster | None = None
         self._consolidated = None
         self._replicas = replicas
+        self._offload = offload
         self.last_rebuild: dict | None = None
         self.last_recovery: dict | None = None
         super().__init__(params, probe(cls, self._kwargs).defaults)
@@ -121,8 +129,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if not newcomer:
             comm.require_same("param groups", _describe_groups(self.param_groups), timeout=self._pg.timeout)
         self._master = HostMaster(self.param_groups)
+        shard_on_device = None
+        if self._master.one_device and not self._offload:
+            pin_host_memory()
+            shard_on_device = DeviceShard(self._master.device_params)
         engine = ShardedOptimizer(self._master.groups, comm, self.optimizer_class, replicas=self._replicas,
-                                  timeout=self._pg.timeout, newcomer=newcomer, **self._kwargs)
+                                  timeout=self._pg.timeout, newcomer=newcomer, device=shard_on_device,
+                                  **self._kwargs)
         if not newcomer:
             self._master.params_to_device()  # rank 0's parameters, as the engine broadcast them
         return engine
@@ -180,7 +193,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self._engine.comm is not self._pg.comm:  # the group recovered outside a resilient loop
             self._follow_group()
         self._engine.stepper.set_hyper(self.param_groups)
-        self._master.grads_to_host()
+        if self._engine.device is None:
+            self._master.grads_to_host()  # else the shard's gradient is gathered on the device
         try:
             self._engine.apply_gradients()
         except _FAILURES as exc:

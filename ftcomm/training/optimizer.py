@@ -17,6 +17,16 @@ of every optimizer-state tensor (see ftcomm/training/layout.py). One training st
 On a failure the caller shrinks the communicator (``comm.recover()``) and calls ``rebuild``, which
 finds every lost shard in a buddy's replica, verifies its checksum, re-shards the state over the
 new world size, re-replicates and agrees (ftcomm/training/rebuild.py). No disk I/O on that path.
+
+State on a device. By default the shard is updated in host memory by torch's CPU kernels. Given a
+``device`` (``ftcomm.torch.device_shard.DeviceShard`` for a model on a GPU), the live shard also
+has a copy in device memory that torch's device kernels update; step 2 then runs on the device
+and its result is copied into the host ``staging`` shard (parameters first, for the allgather,
+then the state slots, for the replicas, overlapping the allgather). The host arrays stay the
+committed state that replication, rebuild, scrub and state dicts work on; the device copy
+follows them (``adopt``) after a rebuild or a load. The device object's interface:
+``gather_grads(layout, rank)``, ``update(stepper, staging, start, scalars) -> scalars``,
+``wait_params()``, ``wait_state()``, ``committed()``, ``adopt(live)``.
 """
 from __future__ import annotations
 
@@ -108,6 +118,9 @@ class ShardedOptimizer:
     holds nothing without joining: its caller runs ``rebuild(comm)`` with the survivors (the torch
     backend's hand-over does, inside its own retry loop).
 
+    ``device``: where the shard is updated, if not in host memory (see the module docstring);
+    with it, ``apply_gradients`` takes the gradients from the device and ``step`` is unavailable.
+
     Raises:
         ValueError: parameters that are not float32 CPU tensors requiring grad, or an optimizer
             that cannot be sharded elementwise (LBFGS, Adafactor, ...), naming it.
@@ -116,7 +129,8 @@ class ShardedOptimizer:
     """
 
     def __init__(self, params, comm, optimizer="adamw", lr: float | None = None, replicas: int = 1,
-                 grad_op: str = "sum", timeout: float | None = None, newcomer: bool = False, **defaults):
+                 grad_op: str = "sum", timeout: float | None = None, newcomer: bool = False, device=None,
+                 **defaults):
         groups = _param_groups(params)
         self.params = [p for g in groups for p in g["params"]]
         for i, p in enumerate(self.params):
@@ -134,6 +148,7 @@ class ShardedOptimizer:
         self.join_report = None
         self.phase: str | None = None  # the phase of step() running, for recovery events
         self.failure_seen_time: float | None = None  # when this rank last saw a failure in a step
+        self.device = device  # None: the shard is updated in host memory
         if newcomer or getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
             if not newcomer:
@@ -150,6 +165,7 @@ class ShardedOptimizer:
         self.live[0] = self._my_slice(self.flat)
         self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout))
         self._replicate_and_agree(self.live, step=0, meta={})
+        self._follow_on_device()
 
     # -- layout helpers ------------------------------------------------------------------
     @property
@@ -225,6 +241,9 @@ class ShardedOptimizer:
                 model's parameters may be half-updated (``rebuild`` restores them). Call
                 ``comm.recover()`` then ``rebuild(new_comm)`` and redo the step.
         """
+        if self.device is not None:
+            raise RuntimeError("ShardedOptimizer.step: the shard is updated on a device, whose gradients DDP "
+                               "averages; call apply_gradients()")
         clock = self._start_step()
         summed = np.array(list(stats or []) or [0.0], np.float64)
         self.phase = "allreduce"
@@ -237,7 +256,8 @@ class ShardedOptimizer:
     def apply_gradients(self, meta: dict | None = None) -> None:
         """Applies one training step atomically with the gradients the parameters hold, which must
         already be the global ones, equal on every rank (DDP averaged them in backward). A
-        parameter whose ``.grad`` is None counts as a zero gradient.
+        parameter whose ``.grad`` is None counts as a zero gradient. With a ``device``, the
+        gradients are those of the device parameters it was given.
 
         Raises:
             As ``step`` (without its allreduce).
@@ -249,7 +269,10 @@ class ShardedOptimizer:
         self.failure_seen_time = None
         clock = _PhaseClock()
         self.timing, self.last_phase_start = clock.phases, clock.last
-        self._gather_grads()
+        if self.device is None:
+            self._gather_grads()
+        else:
+            self.device.gather_grads(self.layout, self.comm.rank)
         return clock
 
     def _commit_step(self, meta: dict | None, clock: _PhaseClock) -> None:
@@ -263,6 +286,8 @@ class ShardedOptimizer:
         finally:
             clock.mark("agree")  # the agreement's time, also when it aborted the step
         self.live, self.staging = self.staging, self.live
+        if self.device is not None:
+            self.device.committed()
         self.store.commit()
         self.scalars = self._staging_scalars
         self.step_id, self.committed_meta, self.phase = step, dict(meta or {}), None
@@ -272,14 +297,16 @@ class ShardedOptimizer:
         failure raises (the step's agreement then aborts the step on every rank)."""
         try:
             fault.point("shard_update", self.comm.world_rank, step)
-            start = self.layout.start(self.comm.rank)
-            self._staging_scalars = self.stepper.update(self.live, self._my_slice(self.flat_grad), self.staging,
-                                                        start, self.scalars)
+            self._staging_scalars = self._update_shard()
             clock.mark("update")
             fault.point("param_allgather", self.comm.world_rank, step)
+            if self.device is not None:
+                self.device.wait_params()  # the new parameters' copy to the host
             self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
             clock.mark("allgather")
             fault.point("replicate", self.comm.world_rank, step)
+            if self.device is not None:
+                self.device.wait_state()  # the state slots' copy, which overlapped the allgather
             header = encode_header(self.replica_meta(step, meta), self.staging)
             self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.flat,
                                                              self.timeout)
@@ -290,6 +317,22 @@ class ShardedOptimizer:
             raise
         finally:
             self.last_phase_start = clock.last
+            if self.device is not None:
+                self.device.wait_state()  # no copy into ``staging`` may outlive the step (a rebuild reuses it)
+
+    def _update_shard(self) -> list:
+        """Step 2 into ``staging`` (on the device, then copied to ``staging``, if there is one);
+        returns the new scalars."""
+        start = self.layout.start(self.comm.rank)
+        if self.device is not None:
+            return self.device.update(self.stepper, self.staging, start, self.scalars)
+        return self.stepper.update(self.live, self._my_slice(self.flat_grad), self.staging, start, self.scalars)
+
+    def _follow_on_device(self) -> None:
+        """The device copy of the live shard takes the host one (after it changed other than by a
+        step: construction, a rebuild, a load)."""
+        if self.device is not None:
+            self.device.adopt(self.live)
 
     def replica_meta(self, step: int, meta: dict, comm=None, layout: ShardLayout | None = None) -> dict:
         """The header of this rank's replica at ``step`` (``meta``: the caller's committed
@@ -323,7 +366,7 @@ class ShardedOptimizer:
         Raises:
             ProcFailedError etc.: a rank failed; nothing changed.
         """
-        live = np.zeros_like(self.live)
+        live = storage.allocate(self.live.shape, self.shard_capacity(self.layout))
         live[0] = self.live[0]
         lo, hi = self.layout.bounds(self.comm.rank)
         for i, name in enumerate(self.stepper.slots[1:], start=1):
@@ -331,6 +374,7 @@ class ShardedOptimizer:
                 live[i, : hi - lo] = slots[name][lo:hi]
         self._replicate_and_agree(live, step=self.step_id, meta=self.committed_meta)
         self.live, self.scalars = live, scalars
+        self._follow_on_device()
 
     # -- recovery ------------------------------------------------------------------------
     def rebuild(self, comm) -> dict:
@@ -390,6 +434,7 @@ class ShardedOptimizer:
         self._bind(flat)
         self.store.commit()
         self.step_id, self.committed_meta = step, dict(meta)
+        self._follow_on_device()
 
     def live_is_valid(self) -> bool:
         """Whether this rank's live shard still hashes to what its buddies received with the last

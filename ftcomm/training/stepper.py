@@ -151,12 +151,13 @@ class ShardStepper:
         hi = min(max(g.end - start, 0), length)
         return slice(lo, max(lo, hi))
 
-    def update(self, live: np.ndarray, grad: np.ndarray, out: np.ndarray, start: int,
-               scalars: list | None) -> list:
+    def update(self, live, grad, out, start: int, scalars: list | None) -> list:
         """Writes into ``out`` the state after one step from ``live`` with gradient ``grad``.
 
         Args:
             live: float32 ``(len(slots), L)``, read only; grad: float32 ``(L,)``; out: like live.
+                numpy arrays, or torch tensors on one device (CPU or CUDA: torch's kernels for
+                that device do the math, on the current stream).
             start: the shard's first flat element.
             scalars: per group, the committed scalars ({name: float}), or None for a group (or
                 the whole list None) before its first step: torch then creates its state as on
@@ -165,21 +166,22 @@ class ShardStepper:
         Returns:
             The scalars after the step (per group), to commit with ``out``.
         """
-        np.copyto(out, live)
+        live, grad, out = _tensor(live), _tensor(grad), _tensor(out)
+        out.copy_(live)
         length = live.shape[1]
         scalars = scalars or [None] * len(self.groups)
         views, new_state = [], defaultdict(dict)
         for gi, g in enumerate(self.groups):
             part = self._local(g, start, length)
-            p = torch.from_numpy(out[0, part])
-            p.grad = torch.from_numpy(grad[part])
+            p = out[0, part]
+            p.grad = grad[part]
             if scalars[gi] is not None:
                 state = new_state[p]
                 for i, slot in enumerate(self.probe.slots, start=1):
-                    state[slot] = torch.from_numpy(out[i, part])
+                    state[slot] = out[i, part]
                 for key, dtype in self.probe.scalars.items():
                     value = scalars[gi][key]
-                    state[key] = value if dtype is None else torch.tensor(value, dtype=dtype)
+                    state[key] = value if dtype is None else torch.tensor(value, dtype=dtype, device=self._scalar_device(p))
             self._opt.param_groups[gi].update(g.hyper)
             self._opt.param_groups[gi]["params"] = [p]
             views.append((p, part))
@@ -190,7 +192,17 @@ class ShardStepper:
             state = self._opt.state[p]
             if before is None:  # torch created the state: copy it into the slots
                 for i, slot in enumerate(self.probe.slots, start=1):
-                    out[i, part] = state[slot].numpy()
+                    out[i, part] = state[slot]
             after.append({key: float(state[key]) for key in self.probe.scalars})
         self._opt.state = defaultdict(dict)
         return after
+
+    def _scalar_device(self, p: torch.Tensor) -> torch.device:
+        """Where torch keeps a scalar such as ``step`` for ``p``: beside it for the fused and
+        capturable CUDA kernels, on the CPU otherwise (as torch's own first step does)."""
+        on_device = self.kwargs.get("fused") or self.kwargs.get("capturable")
+        return p.device if on_device else torch.device("cpu")
+
+
+def _tensor(a) -> torch.Tensor:
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else a

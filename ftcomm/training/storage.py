@@ -12,6 +12,10 @@ So every shard-sized buffer is allocated with room for the shards of one rank fe
 (``reuse``): the staging shard, recycled replica buffers, the flat parameters and gradients. The
 first shrink then touches no new memory; a later one allocates again, with room for one more.
 Cost: ``(N / (N-1) - 1)`` more memory for those buffers, a third at 4 ranks, 1.6% at 64.
+
+Where the memory comes from is a process-wide choice (``use_host_allocator``): plain memory by
+default, page-locked memory when a shard's state lives on a GPU (``ftcomm/torch/device_shard.py``),
+so that its device-to-host copies run asynchronously at full speed.
 """
 from __future__ import annotations
 
@@ -20,6 +24,21 @@ import math
 import numpy as np
 
 _F32 = np.float32
+
+
+def _plain_zeros(n: int) -> np.ndarray:
+    return np.zeros(n, _F32)
+
+
+_zeros = _plain_zeros
+
+
+def use_host_allocator(zeros=None) -> None:
+    """Makes ``allocate`` take its memory from ``zeros(n)``, which returns a zeroed, C-contiguous
+    1-D float32 ndarray of ``n`` elements (for example over page-locked memory); None restores
+    plain numpy memory. Process-wide; buffers allocated before keep their memory."""
+    global _zeros
+    _zeros = zeros or _plain_zeros
 
 
 def grown_len(shard_len: int, size: int) -> int:
@@ -44,7 +63,7 @@ def allocate(shape: tuple, capacity: int = 0) -> np.ndarray:
     """A zeroed C-contiguous float32 array of ``shape`` over memory of at least ``capacity``
     elements (the rest is room to grow, see ``reuse``)."""
     n = math.prod(shape)
-    return np.zeros(max(n, capacity), _F32)[:n].reshape(shape)
+    return _zeros(max(n, capacity))[:n].reshape(shape)
 
 
 def storage(array: np.ndarray) -> np.ndarray:

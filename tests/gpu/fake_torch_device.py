@@ -19,6 +19,7 @@ class FakeTorchDevice:
         self._kernels: list[threading.Thread] = []
         self.events: list[str] = []
         self._lock = threading.Lock()
+        self.copy_delay = 0.02  # seconds a shard's device-to-host copy takes (shard_to_host)
 
     def mark(self, t: torch.Tensor) -> torch.Tensor:
         self._marked[id(t)] = t  # kept alive: ids stay unique while marked
@@ -65,3 +66,30 @@ class FakeTorchDevice:
 
     def future_devices(self, tensors: list) -> list:
         return []  # host tensors: a plain future
+
+    # -- a shard of optimizer state on the device (ftcomm/torch/device_shard.py) ---------------
+    def empty_on(self, dev, shape: tuple) -> torch.Tensor:
+        self._log("empty_on")
+        return self.mark(torch.empty(shape, dtype=torch.float32))
+
+    def to_device(self, host: torch.Tensor, t: torch.Tensor) -> None:
+        self._log("to_device")
+        t.copy_(host)
+
+    def shard_to_host(self, shard: torch.Tensor, host: torch.Tensor) -> tuple:
+        """As a copy on a side stream: row 0 lands ``copy_delay`` seconds after the call, the
+        other rows ``copy_delay`` later, each on a thread that ``wait`` joins."""
+        self._log("shard_to_host")
+
+        def copy(rows, after):
+            if after is not None:
+                after.join()
+            time.sleep(self.copy_delay)
+            host[rows].copy_(shard[rows])
+            self._log(f"copied rows {rows.start}:{rows.stop}")
+
+        first = threading.Thread(target=copy, args=(slice(0, 1), None), daemon=True)
+        first.start()
+        rest = threading.Thread(target=copy, args=(slice(1, shard.shape[0]), first), daemon=True)
+        rest.start()
+        return [first], [rest]

@@ -28,17 +28,35 @@ def finals(job, ranks):
     return reports
 
 
-def test_kill_recovers_with_identical_state_on_the_survivors():
-    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, env={**JOB_ENV, **KILL}, timeout=240)
-    for rep in finals(job, [0, 1, 3]).values():
-        assert rep["world_size"] == 3, rep
+def _zero_args(optimizer: str) -> tuple:
+    return {"adamw": (), "zero": ("--zero",), "zero-offload": ("--zero", "--offload")}[optimizer]
+
+
+def _check_shard(reports, optimizer: str) -> None:
+    """ZeRO on a GPU keeps the shard's state there (unless offloaded), equal to its host copy."""
+    if optimizer == "adamw":
+        return
+    on_device = DEVICE == "cuda" and optimizer == "zero"
+    for rep in reports.values():
+        assert rep["shard_on_device"] is on_device, rep
+        assert rep["device_matches_host"] is on_device, rep
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "zero"])
+def test_kill_recovers_with_identical_state_on_the_survivors(optimizer):
+    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *_zero_args(optimizer), env={**JOB_ENV, **KILL},
+                  timeout=240)
+    reports = finals(job, [0, 1, 3])
+    for rep in reports.values():
+        assert rep["world_size"] == 3, rep
+    _check_shard(reports, optimizer)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "zero", "zero-offload"])
 def test_spare_takes_the_place_of_the_killed_rank(optimizer):
-    extra = ("--zero",) if optimizer == "zero" else ()
-    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *extra, env={**JOB_ENV, **KILL}, timeout=240,
-                  launcher_args=("--spares", "1"))
+    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *_zero_args(optimizer), env={**JOB_ENV, **KILL},
+                  timeout=240, launcher_args=("--spares", "1"))
     reports = finals(job, [0, 1, 3, 4])
     assert all(rep["world_size"] == 4 for rep in reports.values()), reports
     assert reports[4]["joined"], reports[4]
+    _check_shard(reports, optimizer)

@@ -1,6 +1,6 @@
-"""``ZeroRedundancyOptimizer`` with the model on a (stand-in) device: the engine works on host
-master copies, the device parameters receive each committed step (ftcomm/torch/host_master.py).
-Runs on CPU with tests/gpu/fake_torch_device.py."""
+"""``ZeroRedundancyOptimizer`` with the model on a (stand-in) device: the shard's state on the
+device (ftcomm/torch/device_shard.py) or offloaded to the host (ftcomm/torch/host_master.py); the
+device parameters receive each committed step. Runs on CPU with tests/gpu/fake_torch_device.py."""
 import pytest
 
 pytest.importorskip("torch")
@@ -8,41 +8,73 @@ pytest.importorskip("torch")
 from gpu_env import JOB_ENV, JOBS  # noqa: E402
 from harness import run_job  # noqa: E402
 
+KILL_IN_SHARD_UPDATE = {**JOB_ENV, "FTCOMM_FAULT": "rank=3,point=shard_update,step=5,kind=kill"}
+
 
 def test_device_parameters_train_exactly_as_host_ones():
-    job = run_job(JOBS / "torch_zero_device.py", 4, "compare", env=JOB_ENV, timeout=240)
+    job = run_job(JOBS / "torch_zero_device.py", 4, "compare", env=JOB_ENV, timeout=300)
     assert job.returncode == 0, job.describe()
     reports = job.by_rank(kind="compare")
     assert sorted(reports) == [0, 1, 2, 3], job.describe()
     for rep in reports.values():
-        assert rep["param_diff"] == 0.0 and rep["state_diff"] == 0.0, rep
-        assert rep["moved"], rep  # the device parameters did change
-        # 12 steps: the gradients of 4 parameters went to the host each step, and the parameters
-        # came back after each step (plus once at construction)
-        assert rep["grads_to_host"] >= 12 * 4 and rep["params_to_device"] == 13, rep
+        for name in ("device", "offload"):
+            assert rep[name]["param_diff"] == 0.0 and rep[name]["state_diff"] == 0.0, rep
+            assert rep[name]["moved"], rep  # the device parameters did change
+        device, offload = rep["device"], rep["offload"]
+        assert device["on_device"] and device["device_matches_host"] is True, rep
+        assert not offload["on_device"], rep
+        # 12 steps. State on the device: no gradient leaves it, one shard copy to the host per
+        # step (which the allgather and the replicas waited for: else the result would differ),
+        # the live shard copied to the device once, at construction.
+        assert device["copies"]["to_host"] == 4 and device["copies"]["shard_to_host"] == 12, rep
+        assert device["copies"]["to_device"] == 1, rep
+        # Offloaded: the gradients of 4 parameters went to the host each step (plus the 4 master
+        # copies at construction), no shard copies.
+        assert offload["copies"]["to_host"] == 4 + 12 * 4 and offload["copies"]["shard_to_host"] == 0, rep
+        for name in ("device", "offload"):  # parameters back after each step, plus at construction
+            assert rep[name]["copies"]["copy_back"] == 13, rep
 
 
 @pytest.mark.fault
-def test_kill_in_the_shard_update_leaves_device_parameters_at_the_committed_step():
-    env = {**JOB_ENV, "FTCOMM_FAULT": "rank=3,point=shard_update,step=5,kind=kill"}
-    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", env=env, timeout=240)
+@pytest.mark.parametrize("mode", ["device", "offload"])
+def test_kill_in_the_shard_update_leaves_device_parameters_at_the_committed_step(mode):
+    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", mode, env=KILL_IN_SHARD_UPDATE, timeout=300)
     assert job.returncode == 0, job.describe()
     reports = job.by_rank(kind="kill")
     assert sorted(reports) == [0, 1, 2], job.describe()
     for rep in reports.values():
         assert rep["voided"] == [True] and rep["size"] == 3, rep
         assert rep["device"] == rep["engine"], rep  # the device holds the engine's committed parameters
-    assert len({(r["device"], r["steps"]) for r in reports.values()}) == 1, reports
+        assert rep["device_matches_host"] is (True if mode == "device" else None), rep
+    assert len({(r["device"], r["state"], r["steps"]) for r in reports.values()}) == 1, reports
 
 
 @pytest.mark.fault
-def test_spare_receives_its_shard_and_its_device_parameters():
-    env = {**JOB_ENV, "FTCOMM_FAULT": "rank=3,point=shard_update,step=5,kind=kill"}
-    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", env=env, timeout=240, launcher_args=("--spares", "1"))
+@pytest.mark.parametrize("point", ["param_allgather", "replicate"])
+def test_kill_after_the_shard_copy_started_recovers_the_device_shard(point):
+    """A rank dies while the new shard is being copied to the host or right after (the copy's
+    buffers are reused by the rebuild): every survivor's device shard is its host shard, bitwise."""
+    env = {**JOB_ENV, "FTCOMM_FAULT": f"rank=1,point={point},step=4,kind=kill"}
+    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", "device", env=env, timeout=300)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="kill")
+    assert sorted(reports) == [0, 2, 3], job.describe()
+    for rep in reports.values():
+        assert rep["voided"] == [True] and rep["device_matches_host"] is True, rep
+        assert rep["device"] == rep["engine"], rep
+    assert len({(r["device"], r["state"], r["steps"]) for r in reports.values()}) == 1, reports
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("mode", ["device", "offload"])
+def test_spare_receives_its_shard_and_its_device_parameters(mode):
+    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", mode, env=KILL_IN_SHARD_UPDATE, timeout=300,
+                  launcher_args=("--spares", "1"))
     assert job.returncode == 0, job.describe()
     reports = job.by_rank(kind="kill")
     assert sorted(reports) == [0, 1, 2, 4], job.describe()
     for rep in reports.values():
         assert rep["size"] == 4 and rep["device"] == rep["engine"], rep
+        assert rep["device_matches_host"] is (True if mode == "device" else None), rep
     assert all(reports[r]["voided"] == [True] for r in (0, 1, 2)), reports
-    assert len({(r["device"], r["steps"]) for r in reports.values()}) == 1, reports
+    assert len({(r["device"], r["state"], r["steps"]) for r in reports.values()}) == 1, reports

@@ -4,11 +4,13 @@ rank in a gradient allreduce. Under ``ftcomm-run --spares 1`` a spare takes its 
 receives the model and optimizer state through the hand-over (state dicts move through host
 memory; the newcomer's tensors land on its own device).
 
-``--zero``: the optimizer is ``ftcomm.torch.ZeroRedundancyOptimizer`` (host masters of the device
-parameters); with a spare, the newcomer takes its shard from a buddy's replica.
+``--zero``: the optimizer is ``ftcomm.torch.ZeroRedundancyOptimizer`` (on a GPU its shard's state
+lives on the device, ftcomm/torch/device_shard.py; ``--offload`` keeps it on the host); with a
+spare, the newcomer takes its shard from a buddy's replica.
 
 Reports "final" on every rank that finishes: world size, steps applied and redone, digests of the
-parameters and the optimizer state (their bytes, copied to the host), and the parameters' device.
+parameters and the optimizer state (their bytes, copied to the host), the parameters' device, and
+with ``--zero`` whether the shard's state is on the device and equal to its host copy bitwise.
 """
 import argparse
 import hashlib
@@ -26,6 +28,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--zero", action="store_true", help="ftcomm.torch.ZeroRedundancyOptimizer(AdamW)")
+parser.add_argument("--offload", action="store_true", help="with --zero: the shard's state on the host")
 args = parser.parse_args()
 
 if args.device == "cuda":
@@ -40,7 +43,7 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
 ddp = DDP(model)
 if args.zero:
-    opt = ftcomm.torch.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-2)
+    opt = ftcomm.torch.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-2, offload=args.offload)
 else:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 loader = ftcomm.torch.resilient(data, model=ddp, optimizer=opt)
@@ -59,11 +62,16 @@ for epoch in loader.epochs(args.epochs):
         nn.functional.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
         opt.step()
 
+shard = {}
 if args.zero:  # the sharded state, gathered (collective)
     state = opt.full_state_dict()["state"]
     moments = [state[i][k] for i in sorted(state) for k in ("exp_avg", "exp_avg_sq")]
+    on_device = opt.sharded.device
+    shard = {"shard_on_device": on_device is not None,
+             "device_matches_host": on_device is not None
+             and torch.equal(on_device.live.cpu(), torch.from_numpy(opt.sharded.live))}
 else:
     moments = [s[k] for s in opt.state.values() for k in sorted(s)]
 report(kind="final", world_size=dist.get_world_size(), applied=loader.steps_applied, redone=loader.steps_redone,
        params=digest(model.parameters()), optimizer=digest(moments),
-       device=next(model.parameters()).device.type, joined=loader.joined)
+       device=next(model.parameters()).device.type, joined=loader.joined, **shard)

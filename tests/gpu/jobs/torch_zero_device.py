@@ -1,14 +1,18 @@
 """Job (4 ranks): ``ftcomm.torch.ZeroRedundancyOptimizer`` with the model's parameters on a stand-in
-device (tests/gpu/fake_torch_device.py: host tensors the backend treats as device tensors), so the
-host-master path (ftcomm/torch/host_master.py) runs without a GPU.
+device (tests/gpu/fake_torch_device.py: host tensors the backend treats as device tensors, and
+shard copies to the host that land on a thread after a delay, as on a side stream), so that the
+device paths run without a GPU: the shard's state on the device (ftcomm/torch/device_shard.py,
+the default) and, with ``offload``, on the host (ftcomm/torch/host_master.py).
 
-compare: a host model and a "device" model, same seeds, same batches, DDP and AdamW ZeRO each;
-    reports the largest difference of their parameters and of their consolidated states (the math
-    is the same engine's: 0 expected), and the copies the device path made.
-kill: the "device" model alone in a resilient loop while FTCOMM_FAULT kills a rank in a shard
-    update; after each committed step every rank keeps a snapshot of its device parameters, and
-    after the voided step reports whether they equal the snapshot bitwise. At the end: digests of
-    the device parameters and of the engine's flat parameters.
+compare: a host model, a "device" model and an offloaded "device" model, same seeds, same
+    batches, DDP and AdamW ZeRO each; reports the largest difference of each device model's
+    parameters and consolidated state from the host model's (the math is the same CPU kernels
+    here: 0 expected), and the copies each device path made.
+kill [offload]: the "device" model alone in a resilient loop while FTCOMM_FAULT kills a rank;
+    after each committed step every rank keeps a snapshot of its device parameters, and after
+    the voided step reports whether they equal the snapshot bitwise. At the end: digests of the
+    device parameters and of the engine's flat parameters, and whether the device copy of the
+    live shard equals the host one bitwise.
 """
 import hashlib
 import sys
@@ -29,14 +33,15 @@ device.use_ops_for_tests(fake)
 _, _, _, loader = ddp_toy_data(384, 8)
 
 
-def make(on_device: bool):
+def make(on_device: bool, offload: bool = False):
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
     if on_device:
         for p in model.parameters():
             fake.mark(p)
     ddp = DDP(model)
-    opt = ftcomm.torch.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-2, weight_decay=0.05)
+    opt = ftcomm.torch.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-2, weight_decay=0.05,
+                                               offload=offload)
     return model, ddp, opt
 
 
@@ -53,26 +58,45 @@ def digest(tensors) -> str:
     return h.hexdigest()[:16]
 
 
+def state_vector(opt) -> torch.Tensor:
+    full = opt.full_state_dict()["state"]
+    return torch.cat([full[i][k].reshape(-1) for i in sorted(full) for k in ("exp_avg", "exp_avg_sq")])
+
+
+def device_matches_host(opt) -> bool | None:
+    """Whether the device copy of the live shard equals the engine's host one (None: offloaded)."""
+    engine = opt.sharded
+    if engine.device is None:
+        return None
+    return torch.equal(engine.device.live, torch.from_numpy(engine.live))
+
+
 def compare_mode():
-    host_model, host_ddp, host_opt = make(False)
-    dev_model, dev_ddp, dev_opt = make(True)
-    for step, (x, y, _) in enumerate(loader):
-        if step == 12:
-            break
-        train_step(host_ddp, host_opt, x, y)
-        train_step(dev_ddp, dev_opt, x, y)
-    diff = max((a - b).abs().max().item() for a, b in zip(host_model.parameters(), dev_model.parameters()))
-    states = []
-    for opt in (host_opt, dev_opt):
-        full = opt.full_state_dict()["state"]
-        states.append(torch.cat([full[i][k].reshape(-1) for i in sorted(full) for k in ("exp_avg", "exp_avg_sq")]))
-    report(kind="compare", param_diff=diff, state_diff=(states[0] - states[1]).abs().max().item(),
-           grads_to_host=fake.events.count("to_host"), params_to_device=fake.events.count("copy_back"),
-           moved=bool((dev_model[0].weight - make(False)[0][0].weight).abs().max() > 0))
+    batches = [b for _, b in zip(range(12), loader)]
+    results = {}
+    for name, on_device, offload in (("host", False, False), ("device", True, False), ("offload", True, True)):
+        before = len(fake.events)
+        model, ddp, opt = make(on_device, offload)
+        for x, y, _ in batches:
+            train_step(ddp, opt, x, y)
+        events = fake.events[before:]
+        results[name] = (model, opt, {kind: events.count(kind) for kind in ("to_host", "copy_back", "shard_to_host",
+                                                                             "to_device")})
+    host_model, host_opt, _ = results["host"]
+    out = {}
+    for name in ("device", "offload"):
+        model, opt, copies = results[name]
+        out[name] = {"param_diff": max((a - b).abs().max().item()
+                                       for a, b in zip(host_model.parameters(), model.parameters())),
+                     "state_diff": (state_vector(host_opt) - state_vector(opt)).abs().max().item(),
+                     "copies": copies, "on_device": opt.sharded.device is not None,
+                     "device_matches_host": device_matches_host(opt),
+                     "moved": bool((model[0].weight - make(False)[0][0].weight).abs().max() > 0)}
+    report(kind="compare", **out)
 
 
-def kill_mode():
-    model, ddp, opt = make(True)
+def kill_mode(offload: bool):
+    model, ddp, opt = make(True, offload)
     batches = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt)
     snapshot, voided = [p.detach().clone() for p in model.parameters()], []
     for epoch in batches.epochs(2):
@@ -84,7 +108,11 @@ def kill_mode():
                 snapshot = [p.detach().clone() for p in model.parameters()]
     engine = opt.sharded
     report(kind="kill", voided=voided, size=dist.get_world_size(), device=digest(model.parameters()),
-           engine=digest([torch.from_numpy(engine.flat[: engine.numel].copy())]), steps=engine.step_id)
+           engine=digest([torch.from_numpy(engine.flat[: engine.numel].copy())]), steps=engine.step_id,
+           state=digest([state_vector(opt)]), device_matches_host=device_matches_host(opt))
 
 
-{"compare": compare_mode, "kill": kill_mode}[sys.argv[1]]()
+if sys.argv[1] == "compare":
+    compare_mode()
+else:
+    kill_mode(offload="offload" in sys.argv[2:])
