@@ -10,9 +10,9 @@ With this object the update itself runs on the device, where the gradients alrea
 2. ``update``: torch's kernels for the device (foreach or fused, as the optimizer class chooses)
    step the device copy of the live shard out of place into a device staging shard, on the
    current stream.
-3. The result goes to the engine's host staging shard (page-locked memory) on a side stream,
-   parameters first (``wait_params``: the allgather needs them) and the state slots after
-   (``wait_state``: the replicas need them), so that the larger copy overlaps the allgather.
+3. The result goes to the engine's host staging shard (page-locked memory, ``host_zeros``) on a
+   side stream, parameters first (``wait_params``: the allgather needs them) and the state slots
+   after (``wait_state``: the replicas need them), so that the larger copy overlaps the allgather.
 4. ``committed``: after the step's agreement the device staging shard becomes the live one. A
    voided step leaves the device live shard as it was, like the host one.
 
@@ -21,10 +21,15 @@ copies it to the device (the newcomer's shard lands on its own device this way).
 operations are ``device.ops``'s, so the same logic runs on CPU with a stand-in device
 (tests/gpu/fake_torch_device.py).
 
-Memory on the device: two shards, ``2 x slots x 4 x shard_len`` bytes, plus the flat shard
-gradient ``4 x shard_len``.
+Memory on the device: two shards and the flat shard gradient, ``(2 x slots + 1) x 4 x shard_len``
+bytes, allocated with the host shard's room for one shrink (``ftcomm/training/storage.py``), so a
+first shrink allocates nothing there either. Page-locked host memory: the live and staging shards
+and the flat parameters (not the replicas, which never meet the device); torch's page-locked
+allocator may round each of these up to a power of two.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -33,11 +38,8 @@ from ..training import storage
 from . import device
 
 
-def pin_host_memory() -> None:
-    """Makes the engine allocate its shard buffers in page-locked host memory (process-wide)
-    where CUDA is there; the device-to-host copies are then asynchronous."""
-    if torch.cuda.is_available():
-        storage.use_host_allocator(lambda n: torch.zeros(n, dtype=torch.float32, pin_memory=True).numpy())
+def _pinned_zeros(n: int) -> np.ndarray:
+    return torch.zeros(n, dtype=torch.float32, pin_memory=True).numpy()  # the tensor stays the array's base
 
 
 class DeviceShard:
@@ -46,6 +48,10 @@ class DeviceShard:
     Args:
         params: the device parameters, in the engine's flat order (group after group), all on one
             device, float32.
+
+    Attributes:
+        host_zeros: the allocator of page-locked host memory the engine takes for the buffers these
+            copies touch (None where there is no CUDA: the stand-in device of the tests).
 
     Raises:
         ValueError: parameters on several devices, or not float32.
@@ -58,23 +64,26 @@ class DeviceShard:
                              f"with dtypes {sorted({str(p.dtype) for p in params})}")
         self.params = params
         self.device = params[0].device
+        self.host_zeros = _pinned_zeros if torch.cuda.is_available() else None
         self.live: torch.Tensor | None = None     # (slots, shard_len), the committed state
         self.staging: torch.Tensor | None = None  # the step in progress
         self.grad: torch.Tensor | None = None     # (shard_len,)
+        self._memory: list[torch.Tensor] = []     # 1-D device buffers under live, staging, grad
         self._params_copied = self._state_copied = None
-
-    def _fit(self, buffer: torch.Tensor | None, shape: tuple) -> torch.Tensor:
-        """A device tensor of ``shape``: ``buffer`` when it already has that shape."""
-        if buffer is not None and tuple(buffer.shape) == tuple(shape):
-            return buffer
-        return device.ops.empty_on(self.device, shape)
 
     def adopt(self, live: np.ndarray) -> None:
         """The device live shard takes the engine's host one (float32 ``(slots, shard_len)``),
-        synchronously."""
-        self.live = self._fit(self.live, live.shape)
-        self.staging = self._fit(self.staging, live.shape)
-        self.grad = self._fit(self.grad, (live.shape[1],))
+        synchronously. Device memory is allocated only when the shard outgrew it, after the old
+        buffers were let go (the host shard is the committed state)."""
+        slots, length = live.shape
+        room = max(live.size, storage.storage(live).size)  # the host shard's room for a shrink
+        if not self._memory or self._memory[0].numel() < live.size or self._memory[2].numel() < length:
+            self.live = self.staging = self.grad = None
+            self._memory = []
+            self._memory = [device.ops.empty_on(self.device, (n,)) for n in (room, room, math.ceil(room / slots))]
+        self.live = self._memory[0][: live.size].view(slots, length)
+        self.staging = self._memory[1][: live.size].view(slots, length)
+        self.grad = self._memory[2][:length]
         device.ops.to_device(torch.from_numpy(live), self.live)
 
     def gather_grads(self, layout, rank: int) -> None:
@@ -95,6 +104,7 @@ class DeviceShard:
         """Steps the device live shard into the device staging shard with ``grad`` (torch's
         kernels for the device), then starts its copy into ``host_staging``. Returns the new
         scalars (see ``ShardStepper.update``)."""
+        self._params_copied = self._state_copied = None  # no marker of an earlier step may stand for this one
         after = stepper.update(self.live, self.grad, self.staging, start, scalars)
         self._params_copied, self._state_copied = device.ops.shard_to_host(self.staging, torch.from_numpy(host_staging))
         return after
@@ -113,3 +123,4 @@ class DeviceShard:
     def committed(self) -> None:
         """The step committed: its shard becomes the live one."""
         self.live, self.staging = self.staging, self.live
+        self._memory[0], self._memory[1] = self._memory[1], self._memory[0]

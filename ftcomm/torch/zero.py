@@ -39,7 +39,7 @@ from ..core.outcome import retrying
 from ..training import ShardedOptimizer
 from ..training.stepper import probe, resolve
 from .executor import EXECUTOR
-from .device_shard import DeviceShard, pin_host_memory
+from .device_shard import DeviceShard
 from .host_master import HostMaster
 from .process_group import ftcomm_group
 from .step_state import step_voided, void_current_step
@@ -131,7 +131,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._master = HostMaster(self.param_groups)
         shard_on_device = None
         if self._master.one_device and not self._offload:
-            pin_host_memory()
             shard_on_device = DeviceShard(self._master.device_params)
         engine = ShardedOptimizer(self._master.groups, comm, self.optimizer_class, replicas=self._replicas,
                                   timeout=self._pg.timeout, newcomer=newcomer, device=shard_on_device,

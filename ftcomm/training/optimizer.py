@@ -38,7 +38,7 @@ import torch
 from ..core import fault
 from ..core.events import CorruptionEvent
 from ..core.outcome import agreed, redone_on_corruption, retrying
-from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
+from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError, UlfmUnavailableError
 from ..membership import nodes
 from . import rebuild as _rebuild
 from . import scrub, storage
@@ -149,6 +149,9 @@ class ShardedOptimizer:
         self.phase: str | None = None  # the phase of step() running, for recovery events
         self.failure_seen_time: float | None = None  # when this rank last saw a failure in a step
         self.device = device  # None: the shard is updated in host memory
+        # Memory for the buffers a device's copies touch (live, staging, flat parameters): its own
+        # (page-locked) if it has one, else plain numpy memory.
+        self.host_zeros = getattr(device, "host_zeros", None)
         if newcomer or getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
             if not newcomer:
@@ -157,13 +160,13 @@ class ShardedOptimizer:
         numel = sum(p.numel() for p in self.params)
         nodes.register(comm, timeout)  # replicas go to other nodes than their owners
         self.layout = ShardLayout(numel, tuple(comm.world_ranks))
-        flat = storage.allocate((self.layout.padded,), storage.flat_capacity(self.layout))
+        flat = storage.allocate((self.layout.padded,), storage.flat_capacity(self.layout), self.host_zeros)
         self._copy_params_into(flat)
         comm.broadcast(flat, 0, timeout=timeout)
         self._bind(flat)
-        self.live = storage.allocate(self.shard_shape(self.layout), self.shard_capacity(self.layout))
+        self.live = storage.allocate(self.shard_shape(self.layout), self.shard_capacity(self.layout), self.host_zeros)
         self.live[0] = self._my_slice(self.flat)
-        self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout))
+        self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout), self.host_zeros)
         self._replicate_and_agree(self.live, step=0, meta={})
         self._follow_on_device()
 
@@ -196,11 +199,14 @@ class ShardedOptimizer:
 
     def _bind(self, flat: np.ndarray) -> None:
         """Points every parameter into ``flat`` (views, no copy) and gives the flat gradient the
-        same length, in the memory it had if that is large enough."""
-        grad = storage.reuse(getattr(self, "flat_grad", None), flat.shape)
-        if grad is None:
-            grad = storage.allocate(flat.shape, storage.storage(flat).size)
-        grad[self.layout.numel:] = 0  # padding: never written by _gather_grads
+        same length, in the memory it had if that is large enough (no flat gradient when the
+        shard is updated on a device: its gradients stay there)."""
+        grad = None
+        if self.device is None:
+            grad = storage.reuse(getattr(self, "flat_grad", None), flat.shape)
+            if grad is None:
+                grad = storage.allocate(flat.shape, storage.storage(flat).size)
+            grad[self.layout.numel:] = 0  # padding: never written by _gather_grads
         self.flat, self.flat_grad = flat, grad
         offset = 0
         for p in self.params:
@@ -260,7 +266,10 @@ class ShardedOptimizer:
         gradients are those of the device parameters it was given.
 
         Raises:
-            As ``step`` (without its allreduce).
+            As ``step`` (without its allreduce). An error of this rank's own that is not an
+            ``FtError`` (out of device memory, a kernel torch refuses) is raised as it is, after
+            the step's agreement voided the step on every rank (the others raise
+            ProcFailedError; nothing was committed anywhere).
         """
         clock = self._start_step()
         self._commit_step(meta, clock)
@@ -279,10 +288,22 @@ class ShardedOptimizer:
         """Update, allgather, replication and the agreement that commits or voids the step."""
         step = self.step_id + 1
         self.phase = "update, allgather, replication"
+        local_error = None
         try:
             with agreed(self.comm, f"step {step} (update, allgather, replication)", step=step,
-                        timeout=self.timeout, on_abort=self.store.discard_pending):
-                self._update_gather_replicate(step, meta or {}, clock)
+                        timeout=self.timeout, on_abort=self.store.discard_pending) as outcome:
+                try:
+                    self._update_gather_replicate(step, meta or {}, clock)
+                except FtError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - e.g. out of device memory: not a hang for the peers
+                    local_error = error
+                    self._revoke_for_peers()
+                    outcome.fail(error)
+        except ProcFailedError:
+            if local_error is not None:
+                raise local_error  # the step is voided on every rank; this rank says why
+            raise
         finally:
             clock.mark("agree")  # the agreement's time, also when it aborted the step
         self.live, self.staging = self.staging, self.live
@@ -319,6 +340,15 @@ class ShardedOptimizer:
             self.last_phase_start = clock.last
             if self.device is not None:
                 self.device.wait_state()  # no copy into ``staging`` may outlive the step (a rebuild reuses it)
+
+    def _revoke_for_peers(self) -> None:
+        """Revokes the communicator so that peers waiting on this rank (in the allgather or the
+        replication) leave their waits for the step's agreement. Without ULFM there is nothing
+        to revoke: such a job ends on the error anyway."""
+        try:
+            self.comm.revoke()
+        except UlfmUnavailableError:
+            pass
 
     def _update_shard(self) -> list:
         """Step 2 into ``staging`` (on the device, then copied to ``staging``, if there is one);
@@ -366,7 +396,7 @@ class ShardedOptimizer:
         Raises:
             ProcFailedError etc.: a rank failed; nothing changed.
         """
-        live = storage.allocate(self.live.shape, self.shard_capacity(self.layout))
+        live = storage.allocate(self.live.shape, self.shard_capacity(self.layout), self.host_zeros)
         live[0] = self.live[0]
         lo, hi = self.layout.bounds(self.comm.rank)
         for i, name in enumerate(self.stepper.slots[1:], start=1):
@@ -430,7 +460,7 @@ class ShardedOptimizer:
         the pending replicas become the committed ones."""
         old_live = getattr(self, "live", None)  # a newcomer has none
         self.comm, self.layout, self.live = comm, layout, live
-        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout))
+        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.host_zeros)
         self._bind(flat)
         self.store.commit()
         self.step_id, self.committed_meta = step, dict(meta)

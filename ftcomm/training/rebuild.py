@@ -215,7 +215,8 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
     Raises:
         ProcFailedError: on every rank, when any rank's part failed.
     """
-    flat = storage.reuse_or_allocate(getattr(opt, "flat", None), (new.padded,), storage.flat_capacity(new))
+    flat = storage.reuse_or_allocate(getattr(opt, "flat", None), (new.padded,), storage.flat_capacity(new),
+                                     opt.host_zeros)
     with agreed(comm, f"rebuild of step {step}", step=step, timeout=opt.timeout,
                 on_abort=opt.store.discard_pending) as outcome:
         if not ok:
@@ -242,7 +243,8 @@ def rebuild_in_memory(opt, comm) -> dict:
     new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
     plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
     # The staging shard holds nothing between steps: the new shard goes into its memory.
-    live = storage.reuse_or_allocate(getattr(opt, "staging", None), opt.shard_shape(new), opt.shard_capacity(new))
+    live = storage.reuse_or_allocate(getattr(opt, "staging", None), opt.shard_shape(new), opt.shard_capacity(new),
+                                     opt.host_zeros)
     lo, hi = new.bounds(comm.rank)
     live[:, hi - lo:] = 0  # padding; the pieces fill the rest
     header = np.zeros(HEADER_BYTES, np.uint8)

@@ -140,6 +140,7 @@ class ShardStepper:
         # One optimizer instance whose groups and state are re-pointed at each step; placeholder
         # parameters only serve its constructor.
         self._opt = cls([{"params": [torch.zeros(1)], **g.hyper} for g in groups], **self.kwargs)
+        self._scalar_devices: dict = {}  # device -> {scalar: where torch keeps it} (``_scalar_device``)
 
     def set_hyper(self, hypers: list[dict]) -> None:
         """Takes new settings per group (an LR scheduler changed ``lr``); ``params`` is ignored."""
@@ -181,7 +182,8 @@ class ShardStepper:
                     state[slot] = out[i, part]
                 for key, dtype in self.probe.scalars.items():
                     value = scalars[gi][key]
-                    state[key] = value if dtype is None else torch.tensor(value, dtype=dtype, device=self._scalar_device(p))
+                    state[key] = value if dtype is None else torch.tensor(value, dtype=dtype,
+                                                                          device=self._scalar_device(p, key))
             self._opt.param_groups[gi].update(g.hyper)
             self._opt.param_groups[gi]["params"] = [p]
             views.append((p, part))
@@ -197,11 +199,21 @@ class ShardStepper:
         self._opt.state = defaultdict(dict)
         return after
 
-    def _scalar_device(self, p: torch.Tensor) -> torch.device:
-        """Where torch keeps a scalar such as ``step`` for ``p``: beside it for the fused and
-        capturable CUDA kernels, on the CPU otherwise (as torch's own first step does)."""
-        on_device = self.kwargs.get("fused") or self.kwargs.get("capturable")
-        return p.device if on_device else torch.device("cpu")
+    def _scalar_device(self, p: torch.Tensor, key: str) -> torch.device:
+        """Where torch keeps the scalar ``key`` (``step``, ASGD's ``eta``) for parameters on
+        ``p``'s device: that is how its kernels expect it. On the CPU, the CPU; elsewhere learned
+        once per device from a trial step there (AdamW keeps ``step`` on the CPU unless fused or
+        capturable, ASGD keeps its scalars beside the parameters)."""
+        if p.device.type == "cpu":
+            return p.device
+        if p.device not in self._scalar_devices:
+            trial = torch.zeros(2, device=p.device)
+            trial.grad = torch.zeros(2, device=p.device)
+            opt = self.cls([{"params": [trial], **self.groups[0].hyper}], **self.kwargs)
+            opt.step()
+            self._scalar_devices[p.device] = {k: v.device for k, v in opt.state[trial].items()
+                                              if isinstance(v, torch.Tensor) and v.dim() == 0}
+        return self._scalar_devices[p.device].get(key, torch.device("cpu"))
 
 
 def _tensor(a) -> torch.Tensor:

@@ -13,9 +13,8 @@ So every shard-sized buffer is allocated with room for the shards of one rank fe
 first shrink then touches no new memory; a later one allocates again, with room for one more.
 Cost: ``(N / (N-1) - 1)`` more memory for those buffers, a third at 4 ranks, 1.6% at 64.
 
-Where the memory comes from is a process-wide choice (``use_host_allocator``): plain memory by
-default, page-locked memory when a shard's state lives on a GPU (``ftcomm/torch/device_shard.py``),
-so that its device-to-host copies run asynchronously at full speed.
+Where the memory comes from is the caller's choice (``zeros``): plain numpy memory by default;
+the buffers that a GPU's copies touch are page-locked (``ftcomm/torch/device_shard.py``).
 """
 from __future__ import annotations
 
@@ -28,17 +27,6 @@ _F32 = np.float32
 
 def _plain_zeros(n: int) -> np.ndarray:
     return np.zeros(n, _F32)
-
-
-_zeros = _plain_zeros
-
-
-def use_host_allocator(zeros=None) -> None:
-    """Makes ``allocate`` take its memory from ``zeros(n)``, which returns a zeroed, C-contiguous
-    1-D float32 ndarray of ``n`` elements (for example over page-locked memory); None restores
-    plain numpy memory. Process-wide; buffers allocated before keep their memory."""
-    global _zeros
-    _zeros = zeros or _plain_zeros
 
 
 def grown_len(shard_len: int, size: int) -> int:
@@ -59,11 +47,12 @@ def flat_capacity(layout) -> int:
     return grown_len(layout.shard_len, layout.size) * max(layout.size - 1, 1)
 
 
-def allocate(shape: tuple, capacity: int = 0) -> np.ndarray:
+def allocate(shape: tuple, capacity: int = 0, zeros=None) -> np.ndarray:
     """A zeroed C-contiguous float32 array of ``shape`` over memory of at least ``capacity``
-    elements (the rest is room to grow, see ``reuse``)."""
+    elements (the rest is room to grow, see ``reuse``). ``zeros(n)``, if given, provides that
+    memory: a zeroed, C-contiguous 1-D float32 ndarray of ``n`` elements (page-locked, say)."""
     n = math.prod(shape)
-    return _zeros(max(n, capacity))[:n].reshape(shape)
+    return (zeros or _plain_zeros)(max(n, capacity))[:n].reshape(shape)
 
 
 def storage(array: np.ndarray) -> np.ndarray:
@@ -84,7 +73,7 @@ def reuse(array: np.ndarray | None, shape: tuple) -> np.ndarray | None:
     return owner[: math.prod(shape)].reshape(shape)
 
 
-def reuse_or_allocate(array: np.ndarray | None, shape: tuple, capacity: int) -> np.ndarray:
-    """``reuse(array, shape)``, else ``allocate(shape, capacity)``."""
+def reuse_or_allocate(array: np.ndarray | None, shape: tuple, capacity: int, zeros=None) -> np.ndarray:
+    """``reuse(array, shape)``, else ``allocate(shape, capacity, zeros)``."""
     found = reuse(array, shape)
-    return found if found is not None else allocate(shape, capacity)
+    return found if found is not None else allocate(shape, capacity, zeros)

@@ -76,13 +76,24 @@ def test_refuses_parameters_on_several_devices_or_not_float32():
         DeviceShard([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
 
 
-def test_host_buffers_over_torch_memory_are_reused(fake):
-    storage.use_host_allocator(lambda n: torch.zeros(n, dtype=torch.float32).numpy())
-    try:
-        a = storage.allocate((2, 6), 16)
-        assert a.shape == (2, 6) and not a.any() and storage.storage(a).size == 16
-        b = storage.reuse(a, (2, 8))
-        assert b is not None and np.shares_memory(a, b)
-    finally:
-        storage.use_host_allocator(None)
-    assert isinstance(storage.storage(storage.allocate((3,))), np.ndarray)
+def test_host_buffers_over_torch_memory_are_reused():
+    a = storage.allocate((2, 6), 16, zeros=lambda n: torch.zeros(n, dtype=torch.float32).numpy())
+    assert a.shape == (2, 6) and not a.any() and storage.storage(a).size == 16
+    b = storage.reuse(a, (2, 8))
+    assert b is not None and np.shares_memory(a, b)
+    assert storage.reuse(a, (2, 9)) is None
+
+
+def test_device_buffers_keep_room_for_a_shrink(fake):
+    shard = DeviceShard(_params(fake, (8,), (True,)))
+    first = storage.allocate((2, 4), 12)  # a host shard with room for one shrink (4 -> 6 elements)
+    first[:] = np.arange(8, dtype=np.float32).reshape(2, 4)
+    shard.adopt(first)
+    memory = [m.data_ptr() for m in shard._memory]
+    grown = storage.reuse(first, (2, 6))
+    grown[:] = np.arange(12, dtype=np.float32).reshape(2, 6)
+    shard.adopt(grown)  # the shrink: the same device memory, the new values
+    assert [m.data_ptr() for m in shard._memory] == memory
+    assert np.array_equal(shard.live.numpy(), grown) and shard.grad.shape == (6,)
+    shard.adopt(np.ones((2, 9), np.float32))  # outgrown: new memory
+    assert np.array_equal(shard.live.numpy(), np.ones((2, 9))) and shard.staging.shape == (2, 9)

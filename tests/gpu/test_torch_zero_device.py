@@ -35,6 +35,19 @@ def test_device_parameters_train_exactly_as_host_ones():
             assert rep[name]["copies"]["copy_back"] == 13, rep
 
 
+def test_other_optimizers_state_dicts_scrub_and_added_groups_on_the_device():
+    job = run_job(JOBS / "torch_zero_device.py", 4, "api", env=JOB_ENV, timeout=300)
+    assert job.returncode == 0, job.describe()
+    reports = job.by_rank(kind="api")
+    assert sorted(reports) == [0, 1, 2, 3], job.describe()
+    for rep in reports.values():
+        for name in ("SGD", "Adagrad", "RMSprop", "ASGD", "AdamW"):
+            assert rep[name]["param_diff"] == 0.0 and rep[name]["state_diff"] == 0.0, (name, rep)
+            assert rep[name]["device_matches_host"] is True, (name, rep)
+        assert rep["AdamW"]["on_device"] and rep["AdamW"]["extra_diff"] == 0.0, rep
+        assert rep["AdamW"]["scrub_found"] == [False, False], rep
+
+
 @pytest.mark.fault
 @pytest.mark.parametrize("mode", ["device", "offload"])
 def test_kill_in_the_shard_update_leaves_device_parameters_at_the_committed_step(mode):
@@ -78,3 +91,22 @@ def test_spare_receives_its_shard_and_its_device_parameters(mode):
         assert rep["device_matches_host"] is (True if mode == "device" else None), rep
     assert all(reports[r]["voided"] == [True] for r in (0, 1, 2)), reports
     assert len({(r["device"], r["state"], r["steps"]) for r in reports.values()}) == 1, reports
+
+
+@pytest.mark.fault
+def test_a_device_error_on_one_rank_voids_the_step_everywhere_at_once():
+    """A rank's update raises (out of device memory, say): its peers do not wait for a deadline;
+    the step is voided on every rank, that rank raises its own error, and once it is gone the
+    others go on with identical state."""
+    env = {**JOB_ENV, "FTCOMM_TIMEOUT": "120"}
+    job = run_job(JOBS / "torch_zero_device.py", 4, "device_error", env=env, timeout=300)
+    assert job.returncode == 0, job.describe()
+    raised = job.by_rank(kind="raised")
+    assert sorted(raised) == [1] and raised[1]["error"] == "RuntimeError: CUDA out of memory (stand-in)", job.describe()
+    assert raised[1]["step"] == 2, raised  # steps 1 and 2 committed, step 3 voided
+    reports = job.by_rank(kind="kill")
+    assert sorted(reports) == [0, 2, 3], job.describe()
+    for rep in reports.values():
+        assert rep["voided"] == [True] and rep["size"] == 3 and rep["device_matches_host"] is True, rep
+    assert len({(r["device"], r["state"], r["steps"]) for r in reports.values()}) == 1, reports
+    assert job.wall_s < 100, job.wall_s  # far below the 120 s deadline a hang would have waited for
