@@ -11,11 +11,18 @@ from harness import run_job  # noqa: E402
 KILL_IN_SHARD_UPDATE = {**JOB_ENV, "FTCOMM_FAULT": "rank=3,point=shard_update,step=5,kind=kill"}
 
 
-def test_device_parameters_train_exactly_as_host_ones():
-    job = run_job(JOBS / "torch_zero_device.py", 4, "compare", env=JOB_ENV, timeout=300)
+def reports_of(kind: str, ranks: list, *args, env=JOB_ENV, **run):
+    """Runs tests/gpu/jobs/torch_zero_device.py with ``args`` at 4 ranks; returns (job, its
+    ``kind`` reports by world rank), checked to exit 0 with reports from exactly ``ranks``."""
+    job = run_job(JOBS / "torch_zero_device.py", 4, *args, env=env, timeout=300, **run)
     assert job.returncode == 0, job.describe()
-    reports = job.by_rank(kind="compare")
-    assert sorted(reports) == [0, 1, 2, 3], job.describe()
+    reports = job.by_rank(kind=kind)
+    assert sorted(reports) == ranks, job.describe()
+    return job, reports
+
+
+def test_device_parameters_train_exactly_as_host_ones():
+    job, reports = reports_of("compare", [0, 1, 2, 3], "compare")
     for rep in reports.values():
         for name in ("device", "offload"):
             assert rep[name]["param_diff"] == 0.0 and rep[name]["state_diff"] == 0.0, rep
@@ -36,10 +43,7 @@ def test_device_parameters_train_exactly_as_host_ones():
 
 
 def test_other_optimizers_state_dicts_scrub_and_added_groups_on_the_device():
-    job = run_job(JOBS / "torch_zero_device.py", 4, "api", env=JOB_ENV, timeout=300)
-    assert job.returncode == 0, job.describe()
-    reports = job.by_rank(kind="api")
-    assert sorted(reports) == [0, 1, 2, 3], job.describe()
+    job, reports = reports_of("api", [0, 1, 2, 3], "api")
     for rep in reports.values():
         for name in ("SGD", "Adagrad", "RMSprop", "ASGD", "AdamW"):
             assert rep[name]["param_diff"] == 0.0 and rep[name]["state_diff"] == 0.0, (name, rep)
@@ -51,10 +55,7 @@ def test_other_optimizers_state_dicts_scrub_and_added_groups_on_the_device():
 @pytest.mark.fault
 @pytest.mark.parametrize("mode", ["device", "offload"])
 def test_kill_in_the_shard_update_leaves_device_parameters_at_the_committed_step(mode):
-    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", mode, env=KILL_IN_SHARD_UPDATE, timeout=300)
-    assert job.returncode == 0, job.describe()
-    reports = job.by_rank(kind="kill")
-    assert sorted(reports) == [0, 1, 2], job.describe()
+    job, reports = reports_of("kill", [0, 1, 2], "kill", mode, env=KILL_IN_SHARD_UPDATE)
     for rep in reports.values():
         assert rep["voided"] == [True] and rep["size"] == 3, rep
         assert rep["device"] == rep["engine"], rep  # the device holds the engine's committed parameters
@@ -68,10 +69,7 @@ def test_kill_after_the_shard_copy_started_recovers_the_device_shard(point):
     """A rank dies while the new shard is being copied to the host or right after (the copy's
     buffers are reused by the rebuild): every survivor's device shard is its host shard, bitwise."""
     env = {**JOB_ENV, "FTCOMM_FAULT": f"rank=1,point={point},step=4,kind=kill"}
-    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", "device", env=env, timeout=300)
-    assert job.returncode == 0, job.describe()
-    reports = job.by_rank(kind="kill")
-    assert sorted(reports) == [0, 2, 3], job.describe()
+    job, reports = reports_of("kill", [0, 2, 3], "kill", "device", env=env)
     for rep in reports.values():
         assert rep["voided"] == [True] and rep["device_matches_host"] is True, rep
         assert rep["device"] == rep["engine"], rep
@@ -81,11 +79,8 @@ def test_kill_after_the_shard_copy_started_recovers_the_device_shard(point):
 @pytest.mark.fault
 @pytest.mark.parametrize("mode", ["device", "offload"])
 def test_spare_receives_its_shard_and_its_device_parameters(mode):
-    job = run_job(JOBS / "torch_zero_device.py", 4, "kill", mode, env=KILL_IN_SHARD_UPDATE, timeout=300,
-                  launcher_args=("--spares", "1"))
-    assert job.returncode == 0, job.describe()
-    reports = job.by_rank(kind="kill")
-    assert sorted(reports) == [0, 1, 2, 4], job.describe()
+    job, reports = reports_of("kill", [0, 1, 2, 4], "kill", mode, env=KILL_IN_SHARD_UPDATE,
+                              launcher_args=("--spares", "1"))
     for rep in reports.values():
         assert rep["size"] == 4 and rep["device"] == rep["engine"], rep
         assert rep["device_matches_host"] is (True if mode == "device" else None), rep
@@ -99,13 +94,10 @@ def test_a_device_error_on_one_rank_voids_the_step_everywhere_at_once():
     the step is voided on every rank, that rank raises its own error, and once it is gone the
     others go on with identical state."""
     env = {**JOB_ENV, "FTCOMM_TIMEOUT": "120"}
-    job = run_job(JOBS / "torch_zero_device.py", 4, "device_error", env=env, timeout=300)
-    assert job.returncode == 0, job.describe()
+    job, reports = reports_of("kill", [0, 2, 3], "device_error", env=env)
     raised = job.by_rank(kind="raised")
     assert sorted(raised) == [1] and raised[1]["error"] == "RuntimeError: CUDA out of memory (stand-in)", job.describe()
     assert raised[1]["step"] == 2, raised  # steps 1 and 2 committed, step 3 voided
-    reports = job.by_rank(kind="kill")
-    assert sorted(reports) == [0, 2, 3], job.describe()
     for rep in reports.values():
         assert rep["voided"] == [True] and rep["size"] == 3 and rep["device_matches_host"] is True, rep
     assert len({(r["device"], r["state"], r["steps"]) for r in reports.values()}) == 1, reports
