@@ -70,9 +70,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             float32 tensors that require grad, the same shapes and groups on every rank. On CPU
             the engine works on them in place. On a GPU (every parameter on one device) the
             shard's state lives in device memory and torch's device kernels update it, with its
-            committed copy and the replicas in page-locked host memory (``device_shard.py``);
-            the device parameters receive each committed step from host master copies
-            (``host_master.py``).
+            committed copy in page-locked host memory and the replicas in host memory
+            (``device_shard.py``); the device parameters receive each committed step from host
+            master copies (``host_master.py``).
         optimizer_class: a ``torch.optim.Optimizer`` class whose update is elementwise (SGD,
             Adam, AdamW, Adagrad, RMSprop, NAdam, RAdam, Adamax, ASGD, Rprop, Adadelta).
         process_group: the ftcomm process group DDP uses (default: the default group).
@@ -80,7 +80,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             Memory per rank: the parameters and gradients, one flat float32 copy of each
             (4 x numel bytes), plus (1 + 1 + 2k) x (state slots + 1) x 4 x numel / (world size
             - 1) bytes for the live and staging shards and the committed and pending replicas
-            (allocated with room for one shrink, ``ftcomm/training/storage.py``).
+            (allocated with room for one shrink, ``ftcomm/training/storage.py``); with the state
+            on a GPU, no flat gradient on the host, and (2 x (state slots + 1) + 1) x 4 x numel /
+            (world size - 1) bytes of device memory for its live and staging shards and gradient.
         offload: True keeps the state of a GPU model's shard in host memory only and updates
             it there with torch's CPU kernels (ZeRO-Offload: less device memory, a slower step;
             the gradients go to the host whole). Always so for parameters spread over several
