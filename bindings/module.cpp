@@ -149,7 +149,8 @@ void RegisterEnums(py::module_& m) {
       .value("MIXED_DEVICES", ftcomm::InputProblem::kMixedDevices)
       .value("STEP_NOT_AFTER_COMMITTED", ftcomm::InputProblem::kStepNotAfterCommitted)
       .value("OUTPUT_SHAPE", ftcomm::InputProblem::kOutputShape)
-      .value("BAD_CHUNK_BYTES", ftcomm::InputProblem::kBadChunkBytes);
+      .value("BAD_CHUNK_BYTES", ftcomm::InputProblem::kBadChunkBytes)
+      .value("UNCOMMITTED_DEVICE", ftcomm::InputProblem::kUncommittedDevice);
   py::enum_<ftcomm::fault::Kind>(m, "FaultKind", py::arithmetic(), "How an injected fault fails a rank.")
       .value("KILL", ftcomm::fault::Kind::kKill)
       .value("EXIT", ftcomm::fault::Kind::kExit)
@@ -304,10 +305,11 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("allreduce",
            [](PyCommunicator& c, const std::vector<Triple>& buffers, int op, int64_t step,
-              double timeout, size_t chunk_bytes, int problem, bool checksums, bool fingerprints) {
+              double timeout, size_t chunk_bytes, int problem, bool checksums, bool fingerprints, bool commit) {
              std::vector<ftcomm::RingBuffer> rings = ToRingBuffers(buffers);
              ftcomm::StepOptions opt =
                  StepOptionsFrom(op, step, timeout, chunk_bytes, problem, checksums, fingerprints);
+             opt.commit = commit;
              ftcomm::StepResult result;
              Status s;
              {
@@ -319,8 +321,8 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("buffers"), py::arg("op"), py::arg("step"), py::arg("timeout"),
            py::arg("chunk_bytes"), py::arg("problem"), py::arg("checksums") = false,
-           py::arg("fingerprints") = false,
-           "One committed allreduce step; returns (replayed, validate_s, ring_s, agree_s).")
+           py::arg("fingerprints") = false, py::arg("commit") = true,
+           "One allreduce step (committed unless commit is false); returns (replayed, validate_s, ring_s, agree_s).")
       .def("reduce_scatter",
            [](PyCommunicator& c, const Triple& input, const Triple& output, int op, int64_t step,
               double timeout, size_t chunk_bytes, int problem, bool checksums) {

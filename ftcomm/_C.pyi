@@ -45,6 +45,7 @@ class InputProblem(IntEnum):
     STEP_NOT_AFTER_COMMITTED = 7
     OUTPUT_SHAPE = 8
     BAD_CHUNK_BYTES = 9
+    UNCOMMITTED_DEVICE = 10
 
 class FaultKind(IntEnum):
     KILL = 0
@@ -106,7 +107,7 @@ class Communicator:
     def take_recovered(self) -> tuple[Communicator, list[int]]: ...
     def allreduce(self, buffers: Sequence[tuple[int, int, int]], op: int, step: int, timeout: float,
                   chunk_bytes: int, problem: int, checksums: bool = False,
-                  fingerprints: bool = False) -> tuple[bool, float, float, float]: ...
+                  fingerprints: bool = False, commit: bool = True) -> tuple[bool, float, float, float]: ...
     def reduce_scatter(self, input: tuple[int, int, int], output: tuple[int, int, int], op: int, step: int,
                        timeout: float, chunk_bytes: int, problem: int,
                        checksums: bool = False) -> tuple[bool, float, float, float]: ...

@@ -36,13 +36,14 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
       staging_bytes = std::max(staging_bytes, RingAllreduce::StagingElements(b.count, comm.size()) *
                                                   ElementSize(b.dtype));
     }
-    char* undo = UndoScratch().Get(total);
+    char* undo = opt.commit ? UndoScratch().Get(total) : nullptr;  // uncommitted: no undo log
     char* staging = StagingScratch().Get(staging_bytes);
     rings.reserve(buffers.size());
     size_t undo_offset = 0;
     Status corrupted;  // a corrupted ring still lets the bucket's later rings run: peers wait in them
     for (const RingBuffer& b : buffers) {
-      rings.emplace_back(comm, b, opt.op, opt.chunk_bytes, opt.step, undo + undo_offset, staging, opt.checksums);
+      rings.emplace_back(comm, b, opt.op, opt.chunk_bytes, opt.step, undo ? undo + undo_offset : nullptr, staging,
+                         opt.checksums);
       undo_offset += b.count * ElementSize(b.dtype);
       Status s = rings.back().Run(deadline);
       if (s.code == StatusCode::kCorruption) {

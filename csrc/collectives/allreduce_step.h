@@ -1,7 +1,7 @@
 // One allreduce step under the commit protocol (collectives/step_protocol.h): the ring is a
 // RingAllreduce per buffer of the bucket, in place with an undo log, so an abort restores every
 // buffer bitwise. A step id equal to the last committed one is a replay: a no-op with no
-// communication.
+// communication. Uncommitted (options.commit false): the ring in place, no undo log, no agreement.
 #pragma once
 
 #include <vector>

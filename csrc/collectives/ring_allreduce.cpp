@@ -154,6 +154,7 @@ void RingAllreduce::FaultPoint(int t, size_t c) {
 // Segment `rank` is sent unreduced at ring step 0 and later overwritten by the allgather: save
 // it in the undo log, and with checksums take each chunk's sum while copying.
 void RingAllreduce::SaveOwnSegment() {
+  if (undo_ == nullptr) return;  // uncommitted: nothing is ever restored
   const size_t own_off = SegmentOffset(rank_), own_len = SegmentLength(rank_);
   if (!checksums_) {
     std::memcpy(undo_ + own_off * esize_, buf_.data + own_off * esize_, own_len * esize_);
@@ -176,9 +177,11 @@ void RingAllreduce::ReduceChunk(int t, size_t c) {
   ChunkRange(RecvSegment(t), c, &offset, &length);
   const char* in = RecvTarget(t, c);
   char* user = buf_.data + offset * esize_;
-  char* undo = undo_ + offset * esize_;
+  char* undo = undo_ == nullptr ? nullptr : undo_ + offset * esize_;
   const bool scale = t == n_ - 2 && op_ == ReduceOp::kAvg;
-  if (checksums_) {
+  if (undo_ == nullptr) {
+    ReduceInto(buf_.dtype, op_, in, user, length);
+  } else if (checksums_) {
     ReduceIntoWithUndoSum(buf_.dtype, op_, in, user, undo, length, &sums_->got(t, c), &sums_->sent(t + 1, c));
   } else {
     ReduceIntoWithUndo(buf_.dtype, op_, in, user, undo, length);
@@ -242,6 +245,7 @@ Status RingAllreduce::Run(const Deadline& deadline) {
 }
 
 void RingAllreduce::Undo() {
+  if (undo_ == nullptr) return;
   for (int seg = 0; seg < n_; ++seg) {
     const size_t off = SegmentOffset(seg) * esize_;
     std::memcpy(buf_.data + off, undo_ + off, saved_[seg] * esize_);

@@ -35,7 +35,9 @@ namespace ftcomm {
 
 class RingAllreduce {
  public:
-  // `undo` must hold count elements, `staging` two segments (2 * ceil(count / N) elements).
+  // `undo` must hold count elements, or be null for an uncommitted step (no undo log: Undo()
+  // cannot be called, and the transit guard needs the log's pass, so `checksums` must be
+  // false); `staging` two segments (2 * ceil(count / N) elements).
   RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp op, size_t chunk_bytes,
                 int64_t step, char* undo, char* staging, bool checksums = false);
 

@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the packing allows
 
 enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
-             kGuard, kChunkBytes, kFields };
+             kMode, kChunkBytes, kFields };
 
 // "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
 std::string RankName(const Communicator& comm, int64_t rank) {
@@ -34,9 +34,10 @@ std::string RankName(const Communicator& comm, int64_t rank) {
   return out;
 }
 
-// The corruption guard's settings, packed as checksums | fingerprints << 1, in words.
-std::string GuardText(int64_t guard) {
-  return std::string("checksums ") + (guard & 1 ? "on" : "off") + ", fingerprints " + (guard & 2 ? "on" : "off");
+// The step's mode, packed as checksums | fingerprints << 1 | uncommitted << 2, in words.
+std::string ModeText(int64_t mode) {
+  return std::string("checksums ") + (mode & 1 ? "on" : "off") + ", fingerprints " + (mode & 2 ? "on" : "off") +
+         ", commit " + (mode & 4 ? "off" : "on");
 }
 
 const char* DTypeName(int64_t code) {
@@ -106,8 +107,10 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   local[kFirstDType] = first_dtype * kRankSlots + comm.rank();
   local[kProblem] = static_cast<int64_t>(opt.local_problem);
   local[kProblemRank] = opt.local_problem == InputProblem::kNone ? -1 : comm.rank();
-  // The ranks ride in the low bits here too: both settings change the messages of the ring.
-  local[kGuard] = ((opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0)) * kRankSlots + comm.rank();
+  // The ranks ride in the low bits here too: each of these changes the ring's messages or whether
+  // an agreement follows it.
+  local[kMode] = ((opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0) | (opt.commit ? 0 : 4)) * kRankSlots +
+                 comm.rank();
   local[kChunkBytes] = static_cast<int64_t>(opt.chunk_bytes) * kRankSlots + comm.rank();
   if (opt.step <= comm.last_committed_step()) {
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
@@ -138,10 +141,13 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
   } else if (min_of(kOp) != max_of(kOp)) {
     why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
           std::to_string(max_of(kOp)) + ")";
-  } else if (min_of(kGuard) / kRankSlots != max_of(kGuard) / kRankSlots) {
-    why = "ranks differ on the corruption guard (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS; " +
-          RankName(comm, min_of(kGuard) % kRankSlots) + ": " + GuardText(min_of(kGuard) / kRankSlots) + ", " +
-          RankName(comm, max_of(kGuard) % kRankSlots) + ": " + GuardText(max_of(kGuard) / kRankSlots) + ")";
+  } else if (min_of(kMode) / kRankSlots != max_of(kMode) / kRankSlots) {
+    why = "ranks differ on the corruption guard or the commit (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS, commit=; " +
+          RankName(comm, min_of(kMode) % kRankSlots) + ": " + ModeText(min_of(kMode) / kRankSlots) + ", " +
+          RankName(comm, max_of(kMode) % kRankSlots) + ": " + ModeText(max_of(kMode) / kRankSlots) + ")";
+  } else if (!opt.commit && (opt.checksums || opt.fingerprints)) {
+    why = "the corruption guard (checksums, fingerprints) needs a committed step: its verdict rides in the "
+          "commit agreement, which an uncommitted step (commit=False) does not have";
   } else if (min_of(kChunkBytes) / kRankSlots != max_of(kChunkBytes) / kRankSlots) {
     why = "ranks passed different chunk_bytes (" + RankName(comm, min_of(kChunkBytes) % kRankSlots) + ": " +
           std::to_string(min_of(kChunkBytes) / kRankSlots) + ", " + RankName(comm, max_of(kChunkBytes) % kRankSlots) +
@@ -350,6 +356,27 @@ Status Abort(Communicator& comm, const char* name, StepBody& body, int agreed_fl
   return out;
 }
 
+// An uncommitted step after its validation: the run, and on a failure a revoke (so that peers
+// blocked in the ring leave it too) and this rank's own error. No agreement: the caller's.
+Status FinishUncommitted(Communicator& comm, const char* name, const StepOptions& opt, StepBody& body, Status local,
+                         const Deadline& deadline, double validate_s, std::chrono::steady_clock::time_point t_start,
+                         StepResult* result) {
+  if (local.ok() && body.run) local = body.run(deadline);
+  result->validate_s = validate_s;
+  result->ring_s = SecondsSince(t_start) - validate_s;
+  result->agree_s = 0;
+  if (ProfileEnabled()) {
+    std::fprintf(stderr, "ftcomm-profile rank %d %s step %lld (uncommitted): validate %.1f us, ring %.1f us\n",
+                 comm.rank(), name, static_cast<long long>(opt.step), validate_s * 1e6, result->ring_s * 1e6);
+  }
+  if (local.ok()) return local;
+  if (comm.ft_enabled()) comm.Revoke();
+  local.message = std::string(name) + " step " + std::to_string(opt.step) +
+                  " (uncommitted) failed here, buffers undefined until the caller's agreement: " + local.message;
+  local.step = opt.step;
+  return local;
+}
+
 }  // namespace
 
 const char* InputProblemText(InputProblem problem) {
@@ -367,6 +394,8 @@ const char* InputProblemText(InputProblem problem) {
     case InputProblem::kOutputShape:
       return "the output is not 1/N of the input (N the world size) or has another dtype than the input";
     case InputProblem::kBadChunkBytes: return "its chunk_bytes is not a positive integer";
+    case InputProblem::kUncommittedDevice:
+      return "commit=False takes host buffers only (device buffers are staged and copied back on a commit)";
   }
   return "invalid input";
 }
@@ -393,7 +422,7 @@ Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
 Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<RingBuffer>& validated,
                         const StepOptions& opt, StepBody& body, StepResult* result) {
   result->replayed = false;
-  if (opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone) {
+  if (opt.commit && opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone) {
     result->replayed = true;
     return Status::Ok();
   }
@@ -422,6 +451,7 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
     if (local.step < 0) local.step = opt.step;
     return local;  // uniform: every rank saw the same validation result
   }
+  if (!opt.commit) return FinishUncommitted(comm, name, opt, body, local, deadline, validate_s, t_start, result);
   if (local.ok() && body.run) local = body.run(deadline);
   const double ring_s = SecondsSince(t_start) - validate_s;
   // A rank that failed locally revokes, so peers blocked in the ring leave it too. Corruption is

@@ -15,6 +15,13 @@
 //      So is a run whose results differ between ranks (a flip in memory after the data arrived),
 //      with kResultsDiffer; a rank singled out that way twice within 1000 steps fences itself.
 // A step id equal to the last committed one is a replay: a no-op with no communication.
+//
+// An uncommitted step (StepOptions::commit false) is validated the same way but has no undo log
+// and no agreement: its outcome is local. A rank that fails in the run revokes the communicator
+// and returns its own error (another rank may have completed, a third may fail with kRevoked),
+// the buffers hold no defined value, and the step id is not recorded. The caller makes the
+// outcome uniform with one agreement of its own, over several such steps: a training step's
+// gradient buckets commit together, before the optimizer step (ftcomm/torch/step_commit.py).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +50,7 @@ enum class InputProblem : int {
   kStepNotAfterCommitted = 7,  // found by the validation itself, not passed in
   kOutputShape = 8,            // reduce-scatter: output is not 1/N of the input, or another dtype
   kBadChunkBytes = 9,          // chunk_bytes is not a positive integer
+  kUncommittedDevice = 10,     // an uncommitted step was given device buffers
 };
 
 // What `problem` means, in words ("a buffer is not contiguous").
@@ -62,12 +70,16 @@ struct StepOptions {
   // results differ (a flip in memory after the data arrived) cannot all commit: kResultsDiffer.
   // Must agree across ranks; the allreduce turns the checksums on with them.
   bool fingerprints = false;
+  // False: an uncommitted step (above); the ranks must agree on it, and the corruption guard
+  // (checksums, fingerprints), whose verdict needs the commit agreement, must be off.
+  bool commit = true;
 };
 
 struct StepResult {
   bool replayed = false;  // the step had already committed: nothing was done
   // Seconds of each phase of this call (0 for a replay or an invalid input): the validation
-  // round, the communication, the agreement (an abort's undo and shrink come after it, not counted).
+  // round, the communication, the agreement (an abort's undo and shrink come after it, not counted;
+  // 0 for an uncommitted step).
   double validate_s = 0, ring_s = 0, agree_s = 0;
 };
 

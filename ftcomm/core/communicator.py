@@ -76,6 +76,9 @@ class Communicator:
         # Seconds of each phase of the last host allreduce that ran (validate_s, ring_s, agree_s):
         # for benchmarks that show where a small allreduce's time goes.
         self.last_phases: dict = {}
+        # The highest step id an uncommitted allreduce used since the last commit: the next one
+        # takes the id after it, and commit_uncommitted() records it.
+        self._uncommitted_step = -1
 
     # -- identity ------------------------------------------------------------------------
     @property
@@ -121,6 +124,15 @@ class Communicator:
         ranks whose ledgers differ (survivors and newcomers): it takes the survivors' one, so that
         replay and the step order go on as before. Not for user code."""
         self._core.last_committed_step = int(step)
+
+    def commit_uncommitted(self) -> int:
+        """Records the step ids of the uncommitted allreduces since the last commit as committed
+        (``last_committed_step`` becomes the highest of them), once the caller's agreement found
+        that every rank completed them. Local; call it on every rank after the same agreement.
+        Returns the new ``last_committed_step``."""
+        if self._uncommitted_step > self.last_committed_step:
+            self.set_ledger(self._uncommitted_step)
+        return self.last_committed_step
 
     def __repr__(self) -> str:
         return f"<ftcomm.Communicator rank {self.rank} of {self.size}, last committed step {self.last_committed_step}>"
@@ -290,8 +302,9 @@ class Communicator:
     # -- collectives ---------------------------------------------------------------------
     def allreduce(self, buffers, op: str = "sum", step: int | None = None,
                   timeout: float | None = None, chunk_bytes: int | None = None,
-                  checksums: bool | None = None, fingerprints: bool | None = None) -> int:
-        """Fault-aware ring allreduce, in place, committed as one step.
+                  checksums: bool | None = None, fingerprints: bool | None = None, commit: bool = True) -> int:
+        """Fault-aware ring allreduce, in place, committed as one step (or, ``commit=False``, left for
+        the caller to commit).
 
         Args:
             buffers: a contiguous, writable numpy array or torch CPU tensor, or a list of them
@@ -301,7 +314,8 @@ class Communicator:
                 ordered on the producer's current stream (docs/GPU.md). dtypes: float32, float64, float16, bfloat16 (each
                 operation in float32, rounded back), int32, int64 (wrapping). Any length.
             op: "sum", "avg", "min", "max" or "prod". avg on integers truncates toward zero.
-            step: the step id; default last committed + 1. A step equal to the last committed one
+            step: the step id; default last committed + 1 (uncommitted: after the last uncommitted
+                one too, see ``commit_uncommitted``). A step equal to the last committed one
                 is a replay: a no-op, no communication, the buffer keeps the committed result.
                 A step below it, or different between ranks, is an error on every rank.
             timeout: deadline in seconds for the whole step.
@@ -316,9 +330,19 @@ class Communicator:
                 after the data arrived. Turns the checksums on too (without them a flip in
                 transit, forwarded around the ring, could put the majority on the wrong side).
                 The same on every rank.
+            commit: False runs the step uncommitted: validated as a committed one (bad input is
+                the same ``InvalidInputError`` on every rank, buffers untouched), then the ring in
+                place with no undo log and no agreement, and the step id is not recorded. A rank
+                whose ring fails revokes the communicator and raises its own error
+                (ProcFailedError, RevokedError, CollectiveTimeoutError) while another rank may have
+                succeeded; its buffers then hold no defined value. The caller makes the outcome
+                uniform with one ``agree`` over several such calls (the torch backend's step-level
+                commit: a training step's gradient buckets, ftcomm/torch/step_commit.py). Must be the
+                same on every rank; checksums and fingerprints must be off (their verdict rides in
+                the commit agreement).
 
         Returns:
-            The step id committed (or replayed).
+            The step id committed (or replayed; for ``commit=False``, the step id passed).
 
         Raises:
             InvalidInputError: on every rank, when any rank passed a bad buffer, op or step, or
@@ -344,20 +368,27 @@ class Communicator:
             problem = InputProblem.UNSUPPORTED_OP
             bufs.detail = f"op {op!r} was given"
         if step is None:
-            step = self.last_committed_step + 1
+            step = self.last_committed_step + 1 if commit else max(self.last_committed_step, self._uncommitted_step) + 1
+        uncommitted_before = self._uncommitted_step
+        if not commit:
+            self._uncommitted_step = max(self._uncommitted_step, int(step))
         chunk, chunk_problem = _chunk_bytes(chunk_bytes)
         if problem == InputProblem.NONE and chunk_problem:
             problem, bufs.detail = InputProblem.BAD_CHUNK_BYTES, chunk_problem
+        if problem == InputProblem.NONE and not commit and bufs.device is not None:
+            problem = InputProblem.UNCOMMITTED_DEVICE  # the host path validates it, touching no buffer
         args = (code or 0, int(step), _timeout(timeout), chunk, int(problem))
         guard = settings.checksums() if checksums is None else bool(checksums)
         compare = settings.fingerprints() if fingerprints is None else bool(fingerprints)
         try:
-            if bufs.device is not None:  # device buffers, staged through pinned host memory
+            if bufs.device is not None and commit:  # device buffers, staged through pinned host memory
                 cuda.staged_allreduce(self._core, bufs, *args, guard, compare)
             else:
-                _, validate_s, ring_s, agree_s = self._core.allreduce(bufs.triples, *args, guard, compare)
+                triples = [t[:3] for t in bufs.triples]  # device quads only with a problem: never touched
+                _, validate_s, ring_s, agree_s = self._core.allreduce(triples, *args, guard, compare, bool(commit))
                 self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
+            self._uncommitted_step = uncommitted_before  # nothing ran: the id is free again
             raise self._with_offender_detail(error, bufs.detail, timeout) from None
         return int(step)
 
