@@ -104,6 +104,8 @@ CHECKSUMS = _define("FTCOMM_CHECKSUMS", False, _flag,
                     "check every ring chunk's checksum before an allreduce commits (silent data corruption)")
 FINGERPRINTS = _define("FTCOMM_FINGERPRINTS", False, _flag,
                        "compare a fingerprint of every rank's allreduce result before the commit (silent data corruption)")
+STEP_COMMIT = _define("FTCOMM_STEP_COMMIT", True, _flag,
+                      "commit a resilient step's gradient allreduces with one agreement before the optimizer step")
 RUN_DIR = _define("FTCOMM_RUN_DIR", None, str, "ftcomm-run's run directory (liveness table, exit reports)")
 FAULT = _define("FTCOMM_FAULT", "", str, "fault injection specs (ftcomm.fault)")
 NODE = _define("FTCOMM_NODE", None, str, "this rank's node name, for node-aware buddy placement")
@@ -198,6 +200,13 @@ def checksums() -> bool:
     """FTCOMM_CHECKSUMS: the allreduce's transit guard, on or off (default off); must be the same
     on every rank."""
     return CHECKSUMS.get()
+
+
+def step_commit() -> bool:
+    """FTCOMM_STEP_COMMIT: inside a resilient training step, the torch backend's allreduces before the
+    optimizer step run uncommitted and commit together with one agreement (default on); off, each
+    commits on its own. Must be the same on every rank."""
+    return STEP_COMMIT.get()
 
 
 def fingerprints() -> bool:

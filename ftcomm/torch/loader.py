@@ -46,7 +46,7 @@ from .divergence import DivergenceGuard
 from .executor import EXECUTOR
 from .grad_outliers import GradOutlierCheck, ddp_hook
 from .process_group import ftcomm_group
-from .step_state import STATE, install_hook, recoveries
+from .step_state import STATE, end_step, install_hook, recoveries
 
 
 class ResilientLoader:
@@ -276,7 +276,7 @@ class ResilientLoader:
         with STATE.lock:
             STATE.guards += 1
             STATE.joinable += joinable
-            STATE.poisoned = STATE.skipped = False
+            STATE.poisoned = STATE.skipped = STATE.stepped = False
             STATE.outlier_check = self._outliers
         try:
             while True:
@@ -294,9 +294,7 @@ class ResilientLoader:
                 EXECUTOR.drain()
                 if self._outliers is not None:
                     self._record_outlier(pg)
-                with STATE.lock:
-                    skipped = STATE.skipped
-                    STATE.poisoned = STATE.skipped = False
+                skipped = end_step()
                 self.last_step_skipped = skipped
                 if self._log_path is not None and pg.generation != generation:
                     waiting_first_commit |= self._record_recoveries(pg)

@@ -40,6 +40,7 @@ from ..errors import FtError, ProcFailedError, RevokedError
 from ..membership import spares
 from .device import Staging
 from .executor import EXECUTOR
+from .step_commit import StepCommit
 from .step_state import in_resilient_step, join_ready, note_recovery
 from .work import FtWork, completed_work, make_future
 
@@ -145,6 +146,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         self.awaiting_join = False
         self._in_handshake = False
         self._lock = threading.Lock()
+        self._step_commit = StepCommit(self)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -327,9 +329,13 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         _check_devices(tensors, name)
         staging = Staging(inout=tensors)
 
-        def fn(comm):
-            comm.allreduce([staging.host(t) for t in tensors], op=op, timeout=self._timeout)
+        def fn(comm, commit=True):
+            return comm.allreduce([staging.host(t) for t in tensors], op=op, timeout=self._timeout, commit=commit)
 
+        if StepCommit.applies(self.comm, tensors):  # backward's buckets: one agreement per step (step_commit.py)
+            return self._submit(name, tensors,
+                                lambda comm: self._step_commit.run(comm, name, lambda c: fn(c, commit=False)),
+                                uniform=True, staging=staging)
         return self._submit(name, tensors, fn, uniform=True, staging=staging)
 
     def broadcast(self, tensors, opts=None) -> FtWork:

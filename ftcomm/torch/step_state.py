@@ -26,6 +26,8 @@ class _StepState:
         self.hook = None
         self.joinable = 0          # running resilient loops a promoted spare can join
         self.outlier_check = None  # the running loop's gradient outlier check (grad_outliers.py)
+        self.stepped = False       # the current step's optimizer step has begun (its pre-hook ran)
+        self.pending_commits = []  # the step agreements of groups with uncommitted work (step_commit.py)
 
 
 STATE = _StepState()
@@ -78,6 +80,38 @@ def void_current_step() -> None:
         STATE.poisoned = STATE.skipped = True
 
 
+def in_gradient_phase() -> bool:
+    """True inside a resilient step before its optimizer step: the collectives of backward, which
+    ``step_commit.py`` commits together."""
+    with STATE.lock:
+        return STATE.guards > 0 and not STATE.stepped
+
+
+def pend_commit(settle) -> None:
+    """``step_commit.py``: ``settle()`` is to run before the step's optimizer step (or at the step's
+    end, if it has none)."""
+    with STATE.lock:
+        STATE.pending_commits.append(settle)
+
+
+def settle_pending_commits() -> None:
+    """Runs the pending step agreements (each may recover its group and void the step), oldest first."""
+    with STATE.lock:
+        pending, STATE.pending_commits = STATE.pending_commits, []
+    for settle in pending:
+        settle()
+
+
+def end_step() -> bool:
+    """The loop's step boundary: settles what is pending (a step without an optimizer step), resets
+    the step's flags and returns whether an optimizer step was voided in it."""
+    settle_pending_commits()
+    with STATE.lock:
+        skipped = STATE.skipped
+        STATE.poisoned = STATE.skipped = STATE.stepped = False
+    return skipped
+
+
 def join_ready() -> bool:
     """True while a resilient loop runs that a promoted spare can join (given model, optimizer
     and iterated through ``epochs()``): only then does a failure bring in a spare."""
@@ -92,6 +126,9 @@ def _void_poisoned_step(optimizer, args, kwargs):
     if STATE.guards == 0:
         return None
     EXECUTOR.drain()
+    with STATE.lock:
+        STATE.stepped = True  # collectives from here on commit on their own
+    settle_pending_commits()
     check = STATE.outlier_check
     if check is not None and not STATE.poisoned and check.judge()[0]:
         STATE.poisoned = True  # one rank's gradient was out of line: redo the step (same verdict on every rank)

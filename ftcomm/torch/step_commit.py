@@ -1,0 +1,90 @@
+"""Step-level commit: a resilient training step's gradient allreduces commit together.
+
+A DDP step issues one allreduce per gradient bucket. Committed one by one, each pays an undo log
+(a copy of its buffer, so that an abort can restore the inputs) and an agreement. Neither is
+needed inside a resilient step: a step that fails is voided and redone from the batch, so the
+gradients are recomputed and the buckets' inputs need not survive. So, inside such a step and
+before its optimizer step, the process group runs its allreduces uncommitted
+(``Communicator.allreduce(commit=False)``: the ring in place, no undo log, no agreement) and one
+agreement, in the optimizer-step pre-hook, commits them all:
+
+- every rank completed all of them: the step goes on (a rank that died after its part is left
+  out of the agreement, and the survivors' results are complete and equal);
+- a rank's part failed (it revoked the communicator, its later uncommitted allreduces of the step
+  are skipped): every rank recovers the group's communicator, the step is voided and redone, as
+  after a failure anywhere else in the step.
+
+A recovery earlier in the step (a committed collective failed on the revoked communicator) is
+made by every survivor alike and voids the step already; the agreement is then skipped on every
+rank. Collectives after the optimizer step, and outside a resilient step, commit on their own:
+their results are used as they come. ``FTCOMM_STEP_COMMIT=0`` turns this off; so do the
+corruption guard's settings (their verdict needs each collective's own commit agreement).
+"""
+from __future__ import annotations
+
+from .. import settings
+from ..errors import FtError, InvalidInputError, ProcFailedError
+from .step_state import in_gradient_phase, pend_commit
+
+
+class StepCommit:
+    """The uncommitted collectives one process group ran in the current step.
+
+    Args:
+        group: the ``ProcessGroupFtcomm`` (``comm``, ``timeout``, ``_recover``).
+    """
+
+    def __init__(self, group):
+        self.group = group
+        self.comm = None    # the communicator this step's uncommitted collectives ran on
+        self.error = None   # this rank's first failure among them
+        self.name = None    # the collective, and the step id of its first call in this step:
+        self.step = None    # what a recovery is reported at, the same on every rank
+
+    @staticmethod
+    def applies(comm, tensors) -> bool:
+        """Whether a collective on ``tensors`` is to run uncommitted now: inside a resilient step,
+        before its optimizer step, host tensors only, on a ULFM communicator, with the guard off.
+        The same on every rank (the settings must be; the step phase is the training loop's)."""
+        return (comm.ft_enabled and in_gradient_phase() and settings.step_commit()
+                and not settings.checksums() and not settings.fingerprints()
+                and all(t.device.type == "cpu" for t in tensors))
+
+    def run(self, comm, name: str, fn) -> None:
+        """Runs ``fn(comm)`` (the collective ``name``, an allreduce with ``commit=False`` that returns
+        its step id) as part of the step's commit.
+        After this rank's first failure in the step, later ones are skipped: their results are
+        discarded with the voided step. InvalidInputError is uniform and raised as it is."""
+        if self.comm is None:
+            self.comm = comm
+            pend_commit(self.settle)
+        if self.error is not None or comm is not self.comm:
+            return
+        try:
+            step = fn(comm)
+        except InvalidInputError:
+            raise
+        except FtError as error:
+            self.error, step = error, error.step
+        if self.name is None:
+            self.name, self.step = name, step
+
+    def settle(self) -> None:
+        """The step's one agreement, on every rank, before the optimizer step: recovers the
+        group's communicator and voids the step if any rank's part failed."""
+        comm, error, name, step = self.comm, self.error, self.name, self.step
+        self.comm = self.error = self.name = self.step = None
+        if comm is None or comm is not self.group.comm:
+            return  # a recovery earlier in the step, on every survivor: already voided
+        try:
+            ok = comm.agree(0 if error is not None else 1, timeout=self.group.timeout)
+        except FtError as failed:
+            ok, error = 0, error or failed
+        if ok:
+            comm.commit_uncommitted()  # the step ids, as each bucket's own commit would have
+            return
+        failure = ProcFailedError(f"the step's uncommitted {name} calls did not complete on every rank", step=step)
+        failure.__cause__ = error
+        if not self.group._recover(comm, name, failure):
+            raise failure
+
