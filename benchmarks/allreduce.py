@@ -13,7 +13,10 @@ results/allreduce_n{N}.json and .png.
 ``--checksums`` adds "ftcomm+checksums" (the transit guard against silent data corruption on)
 beside "ftcomm" (off), interleaved in the same job, and their ratio (``guard_cost``: the guard's
 time over the unguarded time, minus one). ``--fingerprints`` likewise adds "ftcomm+fingerprints"
-(result fingerprints on, checksums off) and ``fingerprint_cost``.
+(result fingerprints on, checksums off) and ``fingerprint_cost``. ``--uncommitted`` adds
+"ftcomm-uncommitted" (``commit=False``: the ring alone, no undo log, no agreement; what a DDP
+bucket costs under the torch backend's step-level commit, which adds one agreement per training
+step), ``commit_cost`` (the committed time over it, minus one) and its ratio to MPI.
 
 ``--collective reduce_scatter``: ftcomm's committed ring reduce-scatter (``--checksums``: also
 with its transit guard on) against
@@ -82,6 +85,7 @@ def main():
     p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce")
     p.add_argument("--checksums", action="store_true", help="also time ftcomm with the transit guard on")
     p.add_argument("--fingerprints", action="store_true", help="also time ftcomm with result fingerprints on")
+    p.add_argument("--uncommitted", action="store_true", help="also time ftcomm's allreduce with commit=False")
     p.add_argument("--out", default="results", help="directory for JSON and PNG")
     args = p.parse_args()
 
@@ -119,6 +123,9 @@ def main():
         if args.fingerprints and not scatter:
             impls["ftcomm+fingerprints"] = lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes,
                                                                    fingerprints=True)
+        if args.uncommitted and not scatter:
+            impls["ftcomm-uncommitted"] = lambda: comm.allreduce(buf, op="sum", chunk_bytes=args.chunk_bytes,
+                                                                  commit=False)
         reps = max(args.reps, min(50, (4 << 20) // nbytes))  # more rounds for small sizes
         times = {name: [] for name in impls}
         for name, fn in impls.items():
@@ -140,6 +147,9 @@ def main():
             row["guard_cost"] = row["ftcomm+checksums"]["time_s"] / row["ftcomm"]["time_s"] - 1
         if "ftcomm+fingerprints" in row:
             row["fingerprint_cost"] = row["ftcomm+fingerprints"]["time_s"] / row["ftcomm"]["time_s"] - 1
+        if "ftcomm-uncommitted" in row:
+            row["commit_cost"] = row["ftcomm"]["time_s"] / row["ftcomm-uncommitted"]["time_s"] - 1
+            row["uncommitted_vs_mpi"] = row["ftcomm-uncommitted"]["busbw_GBps"] / row["mpi"]["busbw_GBps"]
         if "allreduce+slice" in row:
             row["ratio_vs_allreduce_slice"] = row["ftcomm"]["busbw_GBps"] / row["allreduce+slice"]["busbw_GBps"]
         rows.append(row)
@@ -232,7 +242,7 @@ def latency_floor(comm, mpi_comm, MPI, reps: int) -> dict:
     return out
 
 
-IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice", "ftcomm+checksums", "ftcomm+fingerprints")
+IMPLS = ("ftcomm", "mpi", "gloo", "allreduce+slice", "ftcomm+checksums", "ftcomm+fingerprints", "ftcomm-uncommitted")
 
 
 def print_row(row, header):
@@ -245,6 +255,8 @@ def print_row(row, header):
     guard = f" | guard cost {100 * row['guard_cost']:+.1f}%" if "guard_cost" in row else ""
     if "fingerprint_cost" in row:
         guard += f" | fingerprint cost {100 * row['fingerprint_cost']:+.1f}%"
+    if "commit_cost" in row:
+        guard += f" | uncommitted/mpi {row['uncommitted_vs_mpi']:.2f} | commit cost {100 * row['commit_cost']:+.1f}%"
     print(f"{human(row['bytes']):>10} | {cells} | {row['ratio_vs_mpi']:10.2f} | {gloo}{guard}", flush=True)
 
 

@@ -10,11 +10,15 @@ third replica on the ftcomm group with the gradient outlier check's comm hook (e
 norm sent along with the bucket, ``ftcomm/torch/grad_outliers.py``) and reports its cost against
 plain ftcomm, measured in the same rounds. ``--checksums`` likewise adds a replica whose steps
 run with the allreduce's transit guard on (FTCOMM_CHECKSUMS set around its steps on every rank)
-and reports the guard's cost.
+and reports the guard's cost. Every replica's steps run inside ``ftcomm.torch.resilient(...)``, as
+a user's would, so ftcomm's gradient buckets commit once per training step (step_commit.py);
+``--per-bucket`` adds a replica whose buckets each commit on their own (FTCOMM_STEP_COMMIT=0
+around its steps on every rank) and reports what the step-level commit saves against it.
 
     python benchmarks/ddp.py                      # 2 and 4 ranks, prints a table, writes results/
     python benchmarks/ddp.py --ranks 2 --hidden 2048 --rounds 10
     python benchmarks/ddp.py --grad-outliers      # also the outlier check's cost
+    python benchmarks/ddp.py --per-bucket         # also one commit per bucket (the step commit's gain)
     python benchmarks/ddp.py --checksums --hidden 2048 --layers 3   # the transit guard's cost, 10M parameters
 
 Writes results/ddp-<time>.json (the directory is git-ignored).
@@ -46,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=600, help="per-job timeout in seconds (default 600)")
     p.add_argument("--grad-outliers", action="store_true", help="also time ftcomm with the gradient outlier check")
     p.add_argument("--checksums", action="store_true", help="also time ftcomm with the allreduce's transit guard")
+    p.add_argument("--per-bucket", action="store_true", help="also time ftcomm with one commit per bucket")
     p.add_argument("--out", help="JSON output path (default results/ddp-<time>.json)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # inside the MPI job: write results here
     return p.parse_args(argv)
@@ -57,7 +62,9 @@ def worker(args) -> None:
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import ftcomm.torch  # noqa: F401
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ftcomm.torch import resilient
 
     torch.set_num_threads(1)
     dist.init_process_group("ftcomm")
@@ -77,6 +84,8 @@ def worker(args) -> None:
         groups["ftcomm+norms"] = groups["ftcomm"]
     if args.checksums:
         groups["ftcomm+checksums"] = groups["ftcomm"]
+    if args.per_bucket:
+        groups["ftcomm-per-bucket"] = groups["ftcomm"]
     replicas = {}
     for name, group in groups.items():
         model = DDP(make_model(), process_group=group)
@@ -95,12 +104,14 @@ def worker(args) -> None:
     def run(name, steps):
         model, opt = replicas[name]
         groups[name].barrier().wait()
-        # the guard is read at each allreduce; every rank sets it for the same replica's steps
+        # the settings are read at each allreduce; every rank sets them for the same replica's steps
         os.environ["FTCOMM_CHECKSUMS"] = "1" if name == "ftcomm+checksums" else "0"
+        os.environ["FTCOMM_STEP_COMMIT"] = "0" if name == "ftcomm-per-bucket" else "1"
+        batches = DataLoader(TensorDataset(x.expand(steps, *x.shape), y.expand(steps, *y.shape)), batch_size=None)
         t0 = time.perf_counter()
-        for _ in range(steps):
+        for xb, yb in resilient(batches):
             opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
         elapsed = (time.perf_counter() - t0) / steps
         groups[name].barrier().wait()  # every bucket's allreduce done before the setting changes
@@ -130,6 +141,10 @@ def worker(args) -> None:
         if args.checksums:
             result["checksums_cost"] = statistics.median(
                 a / b for a, b in zip(result["ftcomm+checksums_s"], result["ftcomm_s"])) - 1
+        if args.per_bucket:
+            result["per_bucket_ratio"] = result["ftcomm-per-bucket_median_s"] / result["gloo_median_s"]
+            result["step_commit_gain"] = 1 - statistics.median(
+                a / b for a, b in zip(result["ftcomm_s"], result["ftcomm-per-bucket_s"]))
         Path(args.worker).write_text(json.dumps(result))
     # Orderly teardown: replicas (and their reducers) first, then both groups, all ranks together.
     del replicas, model
@@ -150,7 +165,8 @@ def main(argv=None) -> int:
                    sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)] + \
-                (["--grad-outliers"] if args.grad_outliers else []) + (["--checksums"] if args.checksums else [])
+                (["--grad-outliers"] if args.grad_outliers else []) + (["--checksums"] if args.checksums else []) + \
+                (["--per-bucket"] if args.per_bucket else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
             if proc.returncode != 0 or not out.exists():
                 print(f"job with {n} ranks failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -158,12 +174,15 @@ def main(argv=None) -> int:
             rows.append(json.loads(out.read_text()))
     print(f"{'ranks':>5} {'params':>9} {'grad MiB':>8} {'ftcomm ms':>10} {'gloo ms':>9} {'ratio':>6}"
           + (f" {'+norms ms':>10} {'cost':>6}" if args.grad_outliers else "")
-          + (f" {'+checksums ms':>13} {'cost':>6}" if args.checksums else ""))
+          + (f" {'+checksums ms':>13} {'cost':>6}" if args.checksums else "")
+          + (f" {'per-bucket ms':>13} {'ratio':>6} {'gain':>6}" if args.per_bucket else ""))
     for r in rows:
         print(f"{r['ranks']:>5} {r['params']:>9} {r['grad_mib']:>8.1f} {r['ftcomm_median_s'] * 1e3:>10.2f} "
               f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x"
               + (f" {r['ftcomm+norms_median_s'] * 1e3:>10.2f} {r['norms_cost']:>+6.1%}" if args.grad_outliers else "")
-              + (f" {r['ftcomm+checksums_median_s'] * 1e3:>13.2f} {r['checksums_cost']:>+6.1%}" if args.checksums else ""))
+              + (f" {r['ftcomm+checksums_median_s'] * 1e3:>13.2f} {r['checksums_cost']:>+6.1%}" if args.checksums else "")
+              + (f" {r['ftcomm-per-bucket_median_s'] * 1e3:>13.2f} {r['per_bucket_ratio']:>5.2f}x"
+                 f" {r['step_commit_gain']:>+6.1%}" if args.per_bucket else ""))
     path = Path(args.out) if args.out else REPO / "results" / f"ddp-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host_cpus": os.cpu_count(), "torch_threads": 1, "runs": rows}, indent=1))
