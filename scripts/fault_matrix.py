@@ -35,7 +35,7 @@ RECOVERED_RC = 3  # --recovered-exit-code of every job, so that the exit status 
 @dataclass
 class Cell:
     name: str
-    job: str  # "allreduce" or "train"
+    job: str  # "allreduce", "train" or "ddp"
     fault: str  # FTCOMM_FAULT
     lost: list  # world ranks expected to be lost
     args: list = field(default_factory=list)
@@ -49,7 +49,7 @@ def _allreduce_points():
 
 
 def cells() -> list[Cell]:
-    """The whole matrix: 16 allreduce cells, 20 training cells, 8 cascades."""
+    """The whole matrix: 16 allreduce cells, 20 training cells, 5 DDP step-commit cells, 8 cascades."""
     out = []
     for point, extra in _allreduce_points():
         for kind in KINDS:
@@ -65,6 +65,13 @@ def cells() -> list[Cell]:
             Cell(f"train-shrink-{kind}", "train", f"{first_kill};rank=1,point=shrink,step=4,kind={kind}", [1, 3]),
             Cell(f"train-rebuild-{kind}", "train", f"{first_kill};rank=1,point=rebuild,step=3,kind={kind}", [1, 3]),
         ]
+    # DDP, several buckets per step, committed by one agreement per step: a failure in a bucket's
+    # allreduce (allreduce step 11, a second bucket of its training step) with every kind, and a
+    # kill just before the step agreement
+    for kind in KINDS:
+        out.append(Cell(f"ddp-allgather-{kind}", "ddp", f"rank=2,point=allgather,step=11,ring_step=1,chunk=0,kind={kind}",
+                        [2]))
+    out.append(Cell("ddp-step_commit-kill", "ddp", "rank=1,point=step_commit,step=11,kind=kill", [1]))
     out += [
         Cell("cascade-two-at-once", "allreduce",
              "rank=1,point=allgather,step=2,kind=kill;rank=3,point=allgather,step=2,kind=kill", [1, 3]),
@@ -114,7 +121,7 @@ def run_cell(cell: Cell, timeout_s: float = 120.0, env: dict | None = None, tmp:
                   launcher_args=["--recovered-exit-code", str(RECOVERED_RC)])
     row = Row(cell.name, "ok", rc=res.returncode, seconds=round(time.monotonic() - t0, 1))
     survivors = [r for r in range(N) if r not in cell.lost]
-    check = _check_allreduce if cell.job == "allreduce" else _check_train
+    check = {"allreduce": _check_allreduce, "train": _check_train, "ddp": _check_ddp}[cell.job]
     try:
         check(cell, res, survivors, row)
     except AssertionError as exc:
@@ -188,6 +195,30 @@ def _check_train(cell, res, survivors, row):
     row.detection_ms = max(r["detection_ms"] for r in rec)
     row.recovery_ms = max(r["recovery_ms"] for r in rec)
     row.steps_redone = max(d["redone"] for d in done.values())
+
+
+def _check_ddp(cell, res, survivors, row):
+    """Survivors: the same parameters after every iteration and at the end, a voided iteration left
+    them bitwise as before it, the recovery names the lost rank, the same applied and redone counts."""
+    _expect(res.returncode == RECOVERED_RC, f"exit status {res.returncode}, expected {RECOVERED_RC}")
+    done = res.by_rank(event="done")
+    _expect(sorted(done) == survivors, f"survivors {sorted(done)}, expected {survivors}")
+    reps = list(done.values())
+    _expect(len({r["digest"] for r in reps}) == 1, "survivors' final parameters differ")
+    _expect(len({(r["applied"], r["redone"]) for r in reps}) == 1, f"applied/redone differ: {done}")
+    _expect(all(r["size"] == len(survivors) for r in reps), "world size after the recovery")
+    lost = sorted({w for r in reps for e in r["recoveries"] for w in e[0]})
+    _expect(lost == sorted(cell.lost), f"recovered from {lost}, expected {cell.lost}")
+    iters = [r for r in res.reports if r.get("event") == "iter" and r["world_rank"] in survivors]
+    by_it: dict = {}
+    for r in iters:
+        by_it.setdefault(r["it"], set()).add((r["skipped"], r["after"]))
+    _expect(all(len(v) == 1 for v in by_it.values()), "survivors differ after an iteration")
+    voided = [r for r in iters if r["skipped"]]
+    _expect(all(r["after"] == r["before"] for r in voided), "a voided step changed the parameters")
+    row.state_check = "bitwise"
+    row.recovery_ms = max(e[2] for r in reps for e in r["recoveries"]) * 1e3
+    row.steps_redone = reps[0]["redone"]
 
 
 def _fmt(v):

@@ -23,6 +23,7 @@ corruption guard's settings (their verdict needs each collective's own commit ag
 from __future__ import annotations
 
 from .. import settings
+from ..core import fault
 from ..errors import FtError, InvalidInputError, ProcFailedError
 from .step_state import in_gradient_phase, pend_commit
 
@@ -76,6 +77,7 @@ class StepCommit:
         self.comm = self.error = self.name = self.step = None
         if comm is None or comm is not self.group.comm:
             return  # a recovery earlier in the step, on every survivor: already voided
+        fault.point("step_commit", comm.world_rank, step if step is not None else -1)
         try:
             ok = comm.agree(0 if error is not None else 1, timeout=self.group.timeout)
         except FtError as failed:
