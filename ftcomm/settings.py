@@ -105,7 +105,7 @@ CHECKSUMS = _define("FTCOMM_CHECKSUMS", False, _flag,
 FINGERPRINTS = _define("FTCOMM_FINGERPRINTS", False, _flag,
                        "compare a fingerprint of every rank's allreduce result before the commit (silent data corruption)")
 STEP_COMMIT = _define("FTCOMM_STEP_COMMIT", True, _flag,
-                      "commit a resilient step's gradient allreduces with one agreement before the optimizer step")
+                      "commit a resilient step's gradient allreduces (those of backward) with one agreement before the optimizer step")
 RUN_DIR = _define("FTCOMM_RUN_DIR", None, str, "ftcomm-run's run directory (liveness table, exit reports)")
 FAULT = _define("FTCOMM_FAULT", "", str, "fault injection specs (ftcomm.fault)")
 NODE = _define("FTCOMM_NODE", None, str, "this rank's node name, for node-aware buddy placement")
@@ -203,9 +203,9 @@ def checksums() -> bool:
 
 
 def step_commit() -> bool:
-    """FTCOMM_STEP_COMMIT: inside a resilient training step, the torch backend's allreduces before the
-    optimizer step run uncommitted and commit together with one agreement (default on); off, each
-    commits on its own. Must be the same on every rank."""
+    """FTCOMM_STEP_COMMIT: inside a resilient training step, the torch backend's allreduces issued
+    during backward (DDP's buckets) run uncommitted and commit together with one agreement before
+    the optimizer step (default on); off, each commits on its own. Must be the same on every rank."""
     return STEP_COMMIT.get()
 
 

@@ -49,7 +49,7 @@ def _allreduce_points():
 
 
 def cells() -> list[Cell]:
-    """The whole matrix: 16 allreduce cells, 20 training cells, 5 DDP step-commit cells, 8 cascades."""
+    """The whole matrix: 16 allreduce cells, 20 training cells, 6 DDP step-commit cells, 8 cascades."""
     out = []
     for point, extra in _allreduce_points():
         for kind in KINDS:
@@ -72,6 +72,10 @@ def cells() -> list[Cell]:
         out.append(Cell(f"ddp-allgather-{kind}", "ddp", f"rank=2,point=allgather,step=11,ring_step=1,chunk=0,kind={kind}",
                         [2]))
     out.append(Cell("ddp-step_commit-kill", "ddp", "rank=1,point=step_commit,step=11,kind=kill", [1]))
+    # the same kill with a user allreduce of the loss between backward and the optimizer step: it
+    # commits on its own, finds the failure first, and the step agreement is skipped
+    out.append(Cell("ddp-allgather-kill-loss", "ddp", "rank=2,point=allgather,step=11,ring_step=1,chunk=0,kind=kill",
+                    [2], ["--loss-allreduce"]))
     out += [
         Cell("cascade-two-at-once", "allreduce",
              "rank=1,point=allgather,step=2,kind=kill;rank=3,point=allgather,step=2,kind=kill", [1, 3]),
@@ -198,8 +202,8 @@ def _check_train(cell, res, survivors, row):
 
 
 def _check_ddp(cell, res, survivors, row):
-    """Survivors: the same parameters after every iteration and at the end, a voided iteration left
-    them bitwise as before it, the recovery names the lost rank, the same applied and redone counts."""
+    """Survivors: the same parameters and averaged loss after every iteration and the same parameters at
+    the end, a voided iteration left them bitwise as before it, the recovery names the lost rank, the same applied and redone counts."""
     _expect(res.returncode == RECOVERED_RC, f"exit status {res.returncode}, expected {RECOVERED_RC}")
     done = res.by_rank(event="done")
     _expect(sorted(done) == survivors, f"survivors {sorted(done)}, expected {survivors}")
@@ -212,8 +216,8 @@ def _check_ddp(cell, res, survivors, row):
     iters = [r for r in res.reports if r.get("event") == "iter" and r["world_rank"] in survivors]
     by_it: dict = {}
     for r in iters:
-        by_it.setdefault(r["it"], set()).add((r["skipped"], r["after"]))
-    _expect(all(len(v) == 1 for v in by_it.values()), "survivors differ after an iteration")
+        by_it.setdefault(r["it"], set()).add((r["skipped"], r["after"], r["loss"]))
+    _expect(all(len(v) == 1 for v in by_it.values()), "survivors differ after an iteration (parameters or loss)")
     voided = [r for r in iters if r["skipped"]]
     _expect(all(r["after"] == r["before"] for r in voided), "a voided step changed the parameters")
     row.state_check = "bitwise"

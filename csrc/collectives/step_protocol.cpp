@@ -142,7 +142,8 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
     why = "ranks passed different reduction ops (codes " + std::to_string(min_of(kOp)) + " and " +
           std::to_string(max_of(kOp)) + ")";
   } else if (min_of(kMode) / kRankSlots != max_of(kMode) / kRankSlots) {
-    why = "ranks differ on the corruption guard or the commit (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS, commit=; " +
+    why = "ranks differ on the corruption guard or the commit (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS, "
+          "FTCOMM_STEP_COMMIT, commit=; " +
           RankName(comm, min_of(kMode) % kRankSlots) + ": " + ModeText(min_of(kMode) / kRankSlots) + ", " +
           RankName(comm, max_of(kMode) % kRankSlots) + ": " + ModeText(max_of(kMode) / kRankSlots) + ")";
   } else if (!opt.commit && (opt.checksums || opt.fingerprints)) {
@@ -362,6 +363,8 @@ Status FinishUncommitted(Communicator& comm, const char* name, const StepOptions
                          const Deadline& deadline, double validate_s, std::chrono::steady_clock::time_point t_start,
                          StepResult* result) {
   if (local.ok() && body.run) local = body.run(deadline);
+  // Where the commit agreement would be: fault specs aimed at it still find a point.
+  if (local.ok()) fault::Point("commit", comm.world_ranks()[comm.rank()], opt.step);
   result->validate_s = validate_s;
   result->ring_s = SecondsSince(t_start) - validate_s;
   result->agree_s = 0;

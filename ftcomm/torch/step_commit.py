@@ -3,8 +3,8 @@
 A DDP step issues one allreduce per gradient bucket. Committed one by one, each pays an undo log
 (a copy of its buffer, so that an abort can restore the inputs) and an agreement. Neither is
 needed inside a resilient step: a step that fails is voided and redone from the batch, so the
-gradients are recomputed and the buckets' inputs need not survive. So, inside such a step and
-before its optimizer step, the process group runs its allreduces uncommitted
+gradients are recomputed and the buckets' inputs need not survive. So, inside such a step, the
+process group runs the allreduces that backward issues uncommitted
 (``Communicator.allreduce(commit=False)``: the ring in place, no undo log, no agreement) and one
 agreement, in the optimizer-step pre-hook, commits them all:
 
@@ -16,15 +16,19 @@ agreement, in the optimizer-step pre-hook, commits them all:
 
 A recovery earlier in the step (a committed collective failed on the revoked communicator) is
 made by every survivor alike and voids the step already; the agreement is then skipped on every
-rank. Collectives after the optimizer step, and outside a resilient step, commit on their own:
-their results are used as they come. ``FTCOMM_STEP_COMMIT=0`` turns this off; so do the
+rank. Collectives issued outside backward (a user's allreduce of the loss), after the optimizer step,
+and outside a resilient step, commit on their own: their results are used as they come. An
+agreement that times out (a live rank late past the deadline under ``FTCOMM_LATE_RANK=raise``)
+raises ``CollectiveTimeoutError`` out of ``optimizer.step()``, as a committed allreduce would. ``FTCOMM_STEP_COMMIT=0`` turns this off; so do the
 corruption guard's settings (their verdict needs each collective's own commit agreement).
 """
 from __future__ import annotations
 
 from .. import settings
 from ..core import fault
-from ..errors import FtError, InvalidInputError, ProcFailedError
+import torch
+
+from ..errors import CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError
 from .step_state import in_gradient_phase, pend_commit
 
 
@@ -44,10 +48,14 @@ class StepCommit:
 
     @staticmethod
     def applies(comm, tensors) -> bool:
-        """Whether a collective on ``tensors`` is to run uncommitted now: inside a resilient step,
-        before its optimizer step, host tensors only, on a ULFM communicator, with the guard off.
-        The same on every rank (the settings must be; the step phase is the training loop's)."""
-        return (comm.ft_enabled and in_gradient_phase() and settings.step_commit()
+        """Whether a collective on ``tensors`` is to run uncommitted now: issued from inside a
+        backward pass (DDP's gradient buckets; a user's allreduce of the loss, issued outside
+        backward, commits on its own, so that its value is the same on every rank even in a voided
+        step) of a resilient step before its optimizer step, host tensors only, on a ULFM
+        communicator, with the guard off. The same on every rank (the settings must be; the rest
+        is the training loop's)."""
+        return (comm.ft_enabled and torch._C._current_graph_task_id() >= 0 and in_gradient_phase()
+                and settings.step_commit()
                 and not settings.checksums() and not settings.fingerprints()
                 and all(t.device.type == "cpu" for t in tensors))
 
@@ -80,7 +88,12 @@ class StepCommit:
         fault.point("step_commit", comm.world_rank, step if step is not None else -1)
         try:
             ok = comm.agree(0 if error is not None else 1, timeout=self.group.timeout)
-        except FtError as failed:
+        except CollectiveTimeoutError as late:
+            # A live rank never arrived: no outcome can be uniform, so no recovery either (as a
+            # committed allreduce's agreement that times out). Raised out of optimizer.step().
+            raise CollectiveTimeoutError(f"the step agreement over the uncommitted {name} calls did not complete: "
+                                         f"{late}", failed_ranks=late.failed_ranks, step=step) from error
+        except FtError as failed:  # failures kept arriving during the agreement
             ok, error = 0, error or failed
         if ok:
             comm.commit_uncommitted()  # the step ids, as each bucket's own commit would have

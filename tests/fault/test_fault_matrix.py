@@ -26,7 +26,7 @@ _spec.loader.exec_module(matrix)
 REPRESENTATIVE = [
     "allreduce-before-hang", "allreduce-reduce_scatter-kill", "allreduce-allgather-stop", "allreduce-commit-exit",
     "train-train_step-stop", "train-shard_update-hang", "train-replicate-exit", "train-shrink-hang",
-    "train-rebuild-kill", "ddp-allgather-stop", "ddp-step_commit-kill",
+    "train-rebuild-kill", "ddp-allgather-stop", "ddp-step_commit-kill", "ddp-allgather-kill-loss",
     "cascade-two-at-once", "cascade-hang-and-kill", "cascade-down-to-one", "cascade-buddies-disk",
     "failed-run-exit-status",
 ]
@@ -52,7 +52,7 @@ def test_representative_set_covers_every_point_and_kind():
         assert f"point={point}," in chosen, point
     for kind in matrix.KINDS:
         assert chosen.count(f"kind={kind}") >= 2, kind
-    assert len(matrix.cells()) == 49
+    assert len(matrix.cells()) == 50
 
 
 EXPECTED_BAD = {  # case -> exception type raised on every rank (None: accepted)

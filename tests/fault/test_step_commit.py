@@ -50,3 +50,21 @@ def test_kill_in_an_uncommitted_allreduce_fails_the_agreement_everywhere(n, vict
         assert rep["exact"] is True and rep["steps"] == [1, 2, 3] and rep["last"] == 3, rep
     assert any(rep["error"] is not None for rep in reports.values()), "no survivor saw the failure"
     assert len({rep["digest"] for rep in reports.values()}) == 1
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_step_agreement_that_times_out_raises_and_recovers_nothing():
+    """Under FTCOMM_LATE_RANK=raise a rank late past the deadline is not fenced: the punctual
+    ranks' step agreement times out, and, as a committed allreduce's agreement would, it raises
+    CollectiveTimeoutError out of optimizer.step() instead of shrinking past a live rank."""
+    late = 2
+    job = run_job(JOBS / "matrix_ddp.py", 4, "--late-rank", late, "--late-s", 12,
+                  env={"FTCOMM_LATE_RANK": "raise", "FTCOMM_TIMEOUT": "4"}, timeout=120)
+    errors = {r["world_rank"]: r for r in job.reports if r.get("event") == "error"}
+    punctual = [r for r in range(4) if r != late]
+    assert set(punctual) <= set(errors), job.describe()
+    for rank in punctual:
+        assert errors[rank]["it"] == 3 and errors[rank]["type"] == "CollectiveTimeoutError", errors[rank]
+        assert "step agreement" in errors[rank]["message"], errors[rank]
+    assert "Comm_shrink overran" not in job.stderr, job.describe()
