@@ -19,15 +19,16 @@ made by every survivor alike and voids the step already; the agreement is then s
 rank. Collectives issued outside backward (a user's allreduce of the loss), after the optimizer step,
 and outside a resilient step, commit on their own: their results are used as they come. An
 agreement that times out (a live rank late past the deadline under ``FTCOMM_LATE_RANK=raise``)
-raises ``CollectiveTimeoutError`` out of ``optimizer.step()``, as a committed allreduce would. ``FTCOMM_STEP_COMMIT=0`` turns this off; so do the
-corruption guard's settings (their verdict needs each collective's own commit agreement).
+raises ``CollectiveTimeoutError`` out of ``optimizer.step()``, as a committed allreduce would.
+``FTCOMM_STEP_COMMIT=0`` turns this off; so do the corruption guard's settings (their verdict
+needs each collective's own commit agreement).
 """
 from __future__ import annotations
 
-from .. import settings
-from ..core import fault
 import torch
 
+from .. import settings
+from ..core import fault
 from ..errors import CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError
 from .step_state import in_gradient_phase, pend_commit
 
@@ -61,9 +62,8 @@ class StepCommit:
 
     def run(self, comm, name: str, fn) -> None:
         """Runs ``fn(comm)`` (the collective ``name``, an allreduce with ``commit=False`` that returns
-        its step id) as part of the step's commit.
-        After this rank's first failure in the step, later ones are skipped: their results are
-        discarded with the voided step. InvalidInputError is uniform and raised as it is."""
+        its step id) as part of the step's commit. After this rank's first failure in the step,
+        later ones are skipped: their results are discarded with the voided step. InvalidInputError is uniform and raised as it is."""
         if self.comm is None:
             self.comm = comm
             pend_commit(self.settle)
