@@ -3,7 +3,8 @@
 Each cell is one ftcomm-run job (tests/jobs/matrix_*.py) under a hard timeout. The table says, per
 cell: outcome, detection ms (start of the failing phase to the exception, slowest survivor),
 recovery ms (exception to the redo's commit for allreduce cells; shrink + rebuild + agreement
-for training cells), steps redone, and the state check (survivors bitwise equal to the
+for training cells; the group's recovery for DDP cells, whose detection runs from the start of the
+failing iteration), steps redone, and the state check (survivors bitwise equal to the
 reference, every committed step applied exactly once). JSON goes to results/fault_matrix-*.json.
 
     python scripts/fault_matrix.py                      # the whole matrix, once
@@ -222,6 +223,7 @@ def _check_ddp(cell, res, survivors, row):
     _expect(all(r["after"] == r["before"] for r in voided), "a voided step changed the parameters")
     row.state_check = "bitwise"
     row.recovery_ms = max(e[2] for r in reps for e in r["recoveries"]) * 1e3
+    row.detection_ms = max(e[3] for r in reps for e in r["recoveries"]) * 1e3
     row.steps_redone = reps[0]["redone"]
 
 

@@ -6,7 +6,7 @@ Reports "iter" for every iteration (whether its optimizer step was voided, a dig
 parameters before and after it; with --loss-allreduce, the loss averaged by a user allreduce
 between backward and the optimizer step, which commits on its own: the same on every survivor,
 even in a voided step), "done" at the end (applied and redone steps, the final digest,
-the recoveries). With --late-rank R --late-s T, world rank R sleeps T seconds before the
+the recoveries, each with its detection time). With --late-rank R --late-s T, world rank R sleeps T seconds before the
 optimizer step of iteration 3; an error out of the optimizer step is reported ("error") and ends
 the rank. Usage: matrix_ddp.py [--loss-allreduce] [--late-rank R --late-s T]
 """
@@ -48,9 +48,10 @@ def digest() -> str:
     return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
 
 
-iteration = 0
+iteration, starts = 0, []
 for x, y in loader:
     iteration += 1
+    starts.append(time.time())
     before = digest()
     opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
@@ -70,4 +71,7 @@ for x, y in loader:
            loss=mean_loss.item() if args.loss_allreduce else None, size=dist.get_world_size())
 report(event="done", applied=loader.steps_applied, redone=loader.steps_redone, digest=digest(),
        size=dist.get_world_size(),
-       recoveries=[[e.lost_world_ranks, e.where, e.recover_s] for e in ftcomm.torch.recoveries()])
+       recoveries=[[e.lost_world_ranks, e.where, e.recover_s,
+                    # from the start of the iteration that saw the failure to the error (an upper bound)
+                    e.detected_time - max(t for t in starts if t <= e.detected_time)]
+                   for e in ftcomm.torch.recoveries()])
