@@ -384,7 +384,8 @@ class Communicator:
             if bufs.device is not None and commit:  # device buffers, staged through pinned host memory
                 cuda.staged_allreduce(self._core, bufs, *args, guard, compare)
             else:
-                triples = [t[:3] for t in bufs.triples]  # device quads only with a problem: never touched
+                # device quads come here only with a problem (never touched): the host path takes triples
+                triples = bufs.triples if bufs.device is None else [t[:3] for t in bufs.triples]
                 _, validate_s, ring_s, agree_s = self._core.allreduce(triples, *args, guard, compare, bool(commit))
                 self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
