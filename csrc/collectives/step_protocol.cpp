@@ -408,6 +408,9 @@ Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
   if (comm.IsRevoked()) {
     return Status::Error(StatusCode::kRevoked, "validation on a revoked communicator: call recover() first");
   }
+  // Published so that a peer whose own wait times out sees this rank inside ftcomm (named, never
+  // fenced) rather than late in its own code; inside an allreduce the allreduce's scope stays.
+  liveness::ActivityScope activity(liveness::Activity::kValidate, comm.last_committed_step());
   const int n = static_cast<int>(values.size());
   std::vector<int64_t> send(2 * n), recv(2 * n);
   for (int i = 0; i < n; ++i) {
