@@ -5,9 +5,13 @@ registered (``at_shutdown``), then finalizes MPI under a watchdog."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import stat
 import sys
+import termios
+import time
 
 import mpi4py
 
@@ -144,6 +148,30 @@ def at_shutdown(hook) -> None:
     _shutdown_hooks.append(hook)
 
 
+# How long an aborting rank waits for the launcher to read its last words (see below), seconds.
+STDERR_DRAIN_S = 2.0
+
+
+def _wait_for_launcher_to_read(stream, limit_s: float) -> None:
+    """Waits until the pipe behind ``stream`` holds no unread bytes, at most ``limit_s`` seconds.
+    MPI_Abort makes the launcher (MPICH's mpiexec) end every process at once, and what a rank
+    wrote just before, still in the pipe to the launcher, is then lost: under load the reason
+    for the abort went missing. A terminal or a file is read by nobody: no wait."""
+    try:
+        fd = stream.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        end = time.monotonic() + limit_s
+        unread = bytearray(4)
+        while time.monotonic() < end:
+            fcntl.ioctl(fd, termios.FIONREAD, unread)
+            if not int.from_bytes(unread, sys.byteorder):
+                return
+            time.sleep(0.005)
+    except (OSError, ValueError):
+        return
+
+
 def shutdown() -> None:
     """Writes this rank's exit report, runs the shutdown hooks and finalizes MPI. MPI_Finalize in
     ULFM mode is collective over the survivors (an agreement), without the runtime fence that
@@ -158,6 +186,7 @@ def shutdown() -> None:
         sys.stderr.write(f"ftcomm: world rank {MPI.COMM_WORLD.Get_rank()} ended by an uncaught exception; "
                          f"ending the job, which cannot recover without ULFM: {ulfm_status()}\n")
         sys.stderr.flush()
+        _wait_for_launcher_to_read(sys.stderr, STDERR_DRAIN_S)
         MPI.COMM_WORLD.Abort(1)
     for hook in _shutdown_hooks:
         try:

@@ -95,3 +95,39 @@ def test_every_status_code_has_its_exception():
 
     classes = {c: type(exception_from_status(c, "", [], -1)) for n, c in StatusCode.__members__.items() if n != "OK"}
     assert len(set(classes.values())) == len(classes) and ftcomm.FtError not in classes.values()
+
+
+def test_an_aborting_rank_waits_until_the_launcher_has_read_its_last_words(tmp_path):
+    """Before MPI_Abort a rank waits until its stderr pipe is empty (the launcher has read the
+    reason), at most the limit; with nobody reading it gives up at the limit, and a file is no
+    pipe: no wait."""
+    import os
+    import threading
+    import time
+
+    from ftcomm.core.runtime import _wait_for_launcher_to_read
+
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "w") as stream:
+        stream.write("ftcomm: world rank 1 ended by an uncaught exception\n")
+        stream.flush()
+        got = []
+        reader = threading.Timer(0.2, lambda: got.append(os.read(read_fd, 4096)))
+        t0 = time.monotonic()
+        reader.start()
+        _wait_for_launcher_to_read(stream, limit_s=30.0)
+        assert time.monotonic() - t0 >= 0.2  # it waited for the reader
+        reader.join()
+        assert got == [b"ftcomm: world rank 1 ended by an uncaught exception\n"]
+        stream.write("unread\n")
+        stream.flush()
+        t0 = time.monotonic()
+        _wait_for_launcher_to_read(stream, limit_s=0.3)
+        assert time.monotonic() - t0 >= 0.3
+        assert os.read(read_fd, 4096) == b"unread\n"  # still there: nobody had read it
+    os.close(read_fd)
+    with open(tmp_path / "log", "w") as stream:
+        stream.write("x")
+        t0 = time.monotonic()
+        _wait_for_launcher_to_read(stream, limit_s=30.0)
+        assert time.monotonic() - t0 < 10
