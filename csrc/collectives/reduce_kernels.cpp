@@ -2,6 +2,7 @@
 
 #include "collectives/checksum.h"
 #include "collectives/reduce_ops.h"
+#include "collectives/stream_copy.h"
 
 #include <cstdint>
 #include <cstring>
@@ -57,6 +58,18 @@ void ReduceUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict u
     const T old = inout[i];
     undo[i] = old;
     inout[i] = Store<T>(Apply<Op>(Load(in[i]), Load(old)));
+  }
+}
+
+// The undo log streamed: block by block, the old values go out with streaming stores, then the
+// block (still in L1) is reduced in place.
+template <typename T, ReduceOp Op>
+void ReduceStreamedUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict undo, size_t n) {
+  constexpr size_t kBlock = 4096 / sizeof(T);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = n - b < kBlock ? n - b : kBlock;
+    StreamCopy(undo + b, inout + b, m * sizeof(T));
+    ReduceLoop<T, Op>(in + b, inout + b, m);
   }
 }
 
@@ -175,12 +188,19 @@ void ReduceInto(DType dtype, ReduceOp op, const void* in, void* inout, size_t n)
 }
 
 void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
-                        size_t n) {
+                        size_t n, UndoStores stores) {
   DispatchType(dtype, [&](auto tag) {
     using T = decltype(tag);
     DispatchOp(op, [&](auto op_tag) {
-      ReduceUndoLoop<T, decltype(op_tag)::value>(static_cast<const T*>(in), static_cast<T*>(inout),
-                                                 static_cast<T*>(undo), n);
+      constexpr ReduceOp kOp = decltype(op_tag)::value;
+      auto* const t_in = static_cast<const T*>(in);
+      auto* const t_inout = static_cast<T*>(inout);
+      auto* const t_undo = static_cast<T*>(undo);
+      if (stores == UndoStores::kStreamed) {
+        ReduceStreamedUndoLoop<T, kOp>(t_in, t_inout, t_undo, n);
+      } else {
+        ReduceUndoLoop<T, kOp>(t_in, t_inout, t_undo, n);
+      }
     });
   });
 }

@@ -15,11 +15,15 @@ namespace ftcomm {
 // inout[i] = op(in[i], inout[i]) for i < n. Avg reduces as a sum; see ScaleForAvg.
 void ReduceInto(DType dtype, ReduceOp op, const void* in, void* inout, size_t n);
 
+// How the undo log is written: ordinary stores, or streaming ones that bypass the cache
+// (collectives/stream_copy.h says when each is faster).
+enum class UndoStores { kCached, kStreamed };
+
 // The same, and first copies each old inout[i] into undo[i]: the undo log of the commit
 // protocol is written while the input is read anyway, which costs one write stream and no
 // extra read of the user's buffer.
 void ReduceIntoWithUndo(DType dtype, ReduceOp op, const void* in, void* inout, void* undo,
-                        size_t n);
+                        size_t n, UndoStores stores = UndoStores::kCached);
 
 // ReduceIntoWithUndo that also returns WordSum (collectives/checksum.h) of `in` and of the
 // result, taken in the same loop: the ring's transit guard at no extra pass over memory (16-bit

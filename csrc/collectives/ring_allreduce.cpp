@@ -5,6 +5,7 @@
 
 #include "collectives/checksum.h"
 #include "collectives/reduce_kernels.h"
+#include "collectives/stream_copy.h"
 #include "core/tags.h"
 #include "fault/injection.h"
 
@@ -22,6 +23,7 @@ RingAllreduce::RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp
   left_ = (rank_ - 1 + n_) % n_;
   right_ = (rank_ + 1) % n_;
   esize_ = ElementSize(buf.dtype);
+  undo_stores_ = buf.count * esize_ >= kStreamUndoBytes ? UndoStores::kStreamed : UndoStores::kCached;
   chunk_elems_ = std::max<size_t>(1, chunk_bytes / esize_);
   staging_slot_elems_ = (buf.count + n_ - 1) / n_;
   recvs_posted_.assign(2 * (n_ - 1), false);
@@ -157,7 +159,13 @@ void RingAllreduce::SaveOwnSegment() {
   if (undo_ == nullptr) return;  // uncommitted: nothing is ever restored
   const size_t own_off = SegmentOffset(rank_), own_len = SegmentLength(rank_);
   if (!checksums_) {
-    std::memcpy(undo_ + own_off * esize_, buf_.data + own_off * esize_, own_len * esize_);
+    char* const to = undo_ + own_off * esize_;
+    const char* const from = buf_.data + own_off * esize_;
+    if (undo_stores_ == UndoStores::kStreamed) {
+      StreamCopy(to, from, own_len * esize_);
+    } else {
+      std::memcpy(to, from, own_len * esize_);
+    }
   } else {
     for (size_t c = 0; c < ChunkCount(rank_); ++c) {
       size_t offset, length;
@@ -184,7 +192,7 @@ void RingAllreduce::ReduceChunk(int t, size_t c) {
   } else if (checksums_) {
     ReduceIntoWithUndoSum(buf_.dtype, op_, in, user, undo, length, &sums_->got(t, c), &sums_->sent(t + 1, c));
   } else {
-    ReduceIntoWithUndo(buf_.dtype, op_, in, user, undo, length);
+    ReduceIntoWithUndo(buf_.dtype, op_, in, user, undo, length, undo_stores_);
   }
   if (scale) ScaleForAvg(buf_.dtype, user, length, n_);
   if (scale && checksums_) sums_->sent(t + 1, c) = WordSum(user, length * esize_);

@@ -26,6 +26,7 @@
 
 #include "collectives/chunk_sums.h"
 #include "collectives/dtype.h"
+#include "collectives/reduce_kernels.h"
 #include "collectives/ring_buffer.h"
 #include "core/communicator.h"
 #include "core/deadline.h"
@@ -77,6 +78,7 @@ class RingAllreduce {
   ReduceOp op_;
   int64_t step_;
   char* undo_;
+  UndoStores undo_stores_;  // streamed for large buffers (collectives/stream_copy.h)
   char* staging_;
   int n_, rank_, left_, right_;
   size_t esize_, chunk_elems_, staging_slot_elems_;

@@ -39,6 +39,25 @@ def test_kill_at_point_leaves_buffers_and_retries(n, victim, point, where):
     dtype, op = ("float32", "sum") if n != 3 else ("int64", "prod")
     job = run_job(JOBS / "allreduce_fault.py", n, COUNT, dtype, op,
                   env={"FTCOMM_FAULT": spec(victim, point, where)}, timeout=90)
+    check_killed_step(job, n, victim)
+
+
+# 5 MiB + 12 bytes of float32: from 2 MiB a ring writes its undo log with streaming stores
+BIG_COUNT = (5 << 20) // 4 + 3
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("n,victim,point,where", [(2, 1, "allgather", {"ring_step": 0, "chunk": 2}),
+                                                  (4, 2, "commit", {})], ids=["n2-allgather", "n4-commit"])
+def test_kill_on_a_large_buffer_restores_it_from_the_streamed_undo_log(n, victim, point, where):
+    """The same for a buffer large enough that its undo log is written with streaming stores:
+    every survivor's buffer is bitwise as before the step, and the retry is right."""
+    job = run_job(JOBS / "allreduce_fault.py", n, BIG_COUNT, "float32", "sum",
+                  env={"FTCOMM_FAULT": spec(victim, point, where)}, timeout=120)
+    check_killed_step(job, n, victim)
+
+
+def check_killed_step(job, n, victim):
     assert job.returncode == 0, job.describe()
     survivors = [r for r in range(n) if r != victim]
     reports = job.by_rank()
