@@ -4,8 +4,8 @@ communicator) and torch.distributed's gloo, in the same job, interleaved.
     ftcomm-run -n 4 python benchmarks/allreduce.py            # 4 KiB .. 256 MiB
     ftcomm-run -n 2 python benchmarks/allreduce.py --max-size 64M
 
-For each size (float32, op sum) every implementation runs `--reps` rounds in rotating order;
-a round's time is the slowest rank's (MPI_MAX). Reported: the median round time, algbw = bytes /
+For each size (float32, op sum) every implementation runs `--reps` rounds (more for small sizes),
+each round in a fresh random order, the same on every rank; a round's time is the slowest rank's (MPI_MAX). Reported: the median round time, algbw = bytes /
 time, busbw = algbw x 2(N-1)/N (the bytes each rank must move in a ring, so busbw is comparable
 across world sizes), and ftcomm's busbw as a ratio to MPI's and gloo's. Writes
 results/allreduce_n{N}.json and .png.
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import time
@@ -131,7 +132,10 @@ def main():
         for name, fn in impls.items():
             fn()  # warm-up: page faults, scratch allocation, connections
         for rep in range(reps):
-            order = list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]
+            # A fresh order each round, the same on every rank (seeded by the round): a rotation
+            # keeps the cyclic order, so one lane always ran right after gloo, whose threads
+            # were still busy, and measured slow.
+            order = random.Random(rep).sample(list(impls), len(impls))
             for name in order:
                 times[name].append(timed(impls[name]))
         row = {"bytes": nbytes, "world_size": n}
