@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "collectives/checksum.h"
+#include "collectives/chunking.h"
 #include "collectives/reduce_kernels.h"
 #include "collectives/stream_copy.h"
 #include "core/tags.h"
@@ -24,7 +25,7 @@ RingAllreduce::RingAllreduce(Communicator& comm, const RingBuffer& buf, ReduceOp
   right_ = (rank_ + 1) % n_;
   esize_ = ElementSize(buf.dtype);
   undo_stores_ = buf.count * esize_ >= kStreamUndoBytes ? UndoStores::kStreamed : UndoStores::kCached;
-  chunk_elems_ = std::max<size_t>(1, chunk_bytes / esize_);
+  chunk_elems_ = ChunkElements(chunk_bytes, esize_, buf.count, n_);
   staging_slot_elems_ = (buf.count + n_ - 1) / n_;
   recvs_posted_.assign(2 * (n_ - 1), false);
   segment_sends_.resize(n_);

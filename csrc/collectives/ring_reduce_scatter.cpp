@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "collectives/checksum.h"
+#include "collectives/chunking.h"
 #include "collectives/reduce_kernels.h"
 #include "core/tags.h"
 #include "fault/injection.h"
@@ -22,7 +23,7 @@ RingReduceScatter::RingReduceScatter(Communicator& comm, const RingBuffer& input
   left_ = (rank_ - 1 + n_) % n_;
   right_ = (rank_ + 1) % n_;
   esize_ = ElementSize(input.dtype);
-  chunk_elems_ = std::max<size_t>(1, chunk_bytes / esize_);
+  chunk_elems_ = ChunkElements(chunk_bytes, esize_, input.count, n_);
   seg_len_ = input.count / n_;
   staging_ = scratch;
   acc_ = scratch + 2 * seg_len_ * esize_;

@@ -48,10 +48,14 @@ BIG_COUNT = (5 << 20) // 4 + 3
 
 @pytest.mark.fault
 @pytest.mark.parametrize("n,victim,point,where", [(2, 1, "allgather", {"ring_step": 0, "chunk": 2}),
-                                                  (4, 2, "commit", {})], ids=["n2-allgather", "n4-commit"])
+                                                  (4, 1, "reduce_scatter", {"ring_step": 1, "chunk": 3}),
+                                                  (4, 2, "commit", {})],
+                         ids=["n2-allgather", "n4-reduce_scatter", "n4-commit"])
 def test_kill_on_a_large_buffer_restores_it_from_the_streamed_undo_log(n, victim, point, where):
     """The same for a buffer large enough that its undo log is written with streaming stores:
-    every survivor's buffer is bitwise as before the step, and the retry is right."""
+    every survivor's buffer is bitwise as before the step, and the retry is right. Its 4 KiB
+    chunks would be 320 per segment at 4 ranks: the ring caps them at 64 (chunking.h), without
+    which a kill mid-ring crashed Open MPI's agreement on a survivor."""
     job = run_job(JOBS / "allreduce_fault.py", n, BIG_COUNT, "float32", "sum",
                   env={"FTCOMM_FAULT": spec(victim, point, where)}, timeout=120)
     check_killed_step(job, n, victim)
