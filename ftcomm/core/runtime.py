@@ -168,7 +168,7 @@ def _wait_for_launcher_to_read(stream, limit_s: float) -> None:
             if not int.from_bytes(unread, sys.byteorder):
                 return
             time.sleep(0.005)
-    except (OSError, ValueError):
+    except (AttributeError, OSError, ValueError):  # no stream, or a closed one
         return
 
 
@@ -183,10 +183,13 @@ def shutdown() -> None:
             and MPI.COMM_WORLD.Get_size() > 1:
         # Without ULFM the peers cannot go on without this rank, and MPI_Finalize would wait for
         # them (MPICH's does, forever): end the whole job now, saying why.
-        sys.stderr.write(f"ftcomm: world rank {MPI.COMM_WORLD.Get_rank()} ended by an uncaught exception; "
-                         f"ending the job, which cannot recover without ULFM: {ulfm_status()}\n")
-        sys.stderr.flush()
-        _wait_for_launcher_to_read(sys.stderr, STDERR_DRAIN_S)
+        try:
+            sys.stderr.write(f"ftcomm: world rank {MPI.COMM_WORLD.Get_rank()} ended by an uncaught exception; "
+                             f"ending the job, which cannot recover without ULFM: {ulfm_status()}\n")
+            sys.stderr.flush()
+            _wait_for_launcher_to_read(sys.stderr, STDERR_DRAIN_S)
+        except (AttributeError, OSError, ValueError):
+            pass  # the program closed or dropped stderr: end the job all the same
         MPI.COMM_WORLD.Abort(1)
     for hook in _shutdown_hooks:
         try:

@@ -99,8 +99,8 @@ def test_every_status_code_has_its_exception():
 
 def test_an_aborting_rank_waits_until_the_launcher_has_read_its_last_words(tmp_path):
     """Before MPI_Abort a rank waits until its stderr pipe is empty (the launcher has read the
-    reason), at most the limit; with nobody reading it gives up at the limit, and a file is no
-    pipe: no wait."""
+    reason), at most the limit; with nobody reading it gives up at the limit; a file is no pipe,
+    and a closed or missing stream no stream: no wait."""
     import os
     import threading
     import time
@@ -130,4 +130,8 @@ def test_an_aborting_rank_waits_until_the_launcher_has_read_its_last_words(tmp_p
         stream.write("x")
         t0 = time.monotonic()
         _wait_for_launcher_to_read(stream, limit_s=30.0)
+        assert time.monotonic() - t0 < 10
+    for gone in (None, stream):  # sys.stderr set to None, or closed: no wait, no error
+        t0 = time.monotonic()
+        _wait_for_launcher_to_read(gone, limit_s=30.0)
         assert time.monotonic() - t0 < 10
