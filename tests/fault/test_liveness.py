@@ -213,15 +213,16 @@ def test_memory_stays_flat_over_500_recoveries():
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_waiting_in_another_ftcomm_call_is_named_not_fenced():
+def test_a_rank_waiting_in_another_ftcomm_call_is_not_fenced():
     """Rank 0's exchange times out waiting for a late rank 1 and for rank 2, which sent its part
     and waits in a min/max round: rank 1 is fenced; rank 2 is not (it is inside ftcomm, waiting
-    too), stays alive, and its own wait ends with the failure of rank 1."""
+    too), stays alive, and its own wait ends with the failure of rank 1 (or the revoke after it)."""
     res = run_job(JOBS / "liveness_other_call.py", N, 20.0, env={"FTCOMM_TIMEOUT": "4"}, timeout=90)
     assert "fencing world rank 1" in res.stderr, res.describe()
     assert "fencing world rank 2" not in res.stderr and "fencing world rank 3" not in res.stderr, res.describe()
+    # Each wait's outcome is local: the failure of rank 1, or the revoke of a rank that saw it first.
     errs = errors(res)
-    assert errs[0]["type"] == "ProcFailedError" and errs[0]["failed_world"] == [1], res.describe()
-    assert errs[2]["type"] in ("ProcFailedError", "RevokedError"), res.describe()
-    assert errs[3]["type"] in ("ProcFailedError", "RevokedError"), res.describe()
+    assert sorted(errs) == [0, 2, 3], res.describe()
+    for err in errs.values():
+        assert err["type"] in ("ProcFailedError", "RevokedError") and set(err["failed_world"]) <= {1}, err
     assert 1 not in errs and 1 not in {r["world_rank"] for r in res.reports}, res.describe()
