@@ -5,7 +5,10 @@ second group over the same TCP store: 127.0.0.1 and a port agreed through an MPI
 ftcomm/torch/rendezvous.py), and two identical DDP replicas of one MLP, one per group. Rounds
 alternate which backend goes first; each round times ``--steps`` full training steps (forward,
 backward with DDP's gradient allreduce, AdamW) per backend. Reported: median step time per
-backend and the ratio ftcomm / gloo (below 1.0 = ftcomm faster). ``--grad-outliers`` adds a
+backend and the ratio ftcomm / gloo (below 1.0 = ftcomm faster). A "compute" replica, the same
+model without DDP (no communication at all), runs in the same rounds: its step time is the floor
+any backend's could reach on this machine, and ``floor`` = compute / gloo is the lowest ratio
+ftcomm / gloo possible. ``--grad-outliers`` adds a
 third replica on the ftcomm group with the gradient outlier check's comm hook (each rank's bucket
 norm sent along with the bucket, ``ftcomm/torch/grad_outliers.py``) and reports its cost against
 plain ftcomm, measured in the same rounds. ``--checksums`` likewise adds a replica whose steps
@@ -90,6 +93,9 @@ def worker(args) -> None:
     for name, group in groups.items():
         model = DDP(make_model(), process_group=group)
         replicas[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    local = make_model()  # the compute floor: forward, backward and AdamW with no allreduce
+    replicas["compute"] = (local, torch.optim.AdamW(local.parameters(), lr=1e-3))
+    lanes = [*groups, "compute"]
     if args.grad_outliers:
         from ftcomm.torch.grad_outliers import GradOutlierCheck, ddp_hook
         from ftcomm.torch.process_group import ftcomm_group
@@ -103,29 +109,30 @@ def worker(args) -> None:
 
     def run(name, steps):
         model, opt = replicas[name]
-        groups[name].barrier().wait()
+        group = groups.get(name, groups["ftcomm"])
+        group.barrier().wait()
         # the settings are read at each allreduce; every rank sets them for the same replica's steps
         os.environ["FTCOMM_CHECKSUMS"] = "1" if name == "ftcomm+checksums" else "0"
         os.environ["FTCOMM_STEP_COMMIT"] = "0" if name == "ftcomm-per-bucket" else "1"
         batches = DataLoader(TensorDataset(x.expand(steps, *x.shape), y.expand(steps, *y.shape)), batch_size=None)
         t0 = time.perf_counter()
-        for xb, yb in resilient(batches):
+        for xb, yb in (batches if name == "compute" else resilient(batches)):
             opt.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
         elapsed = (time.perf_counter() - t0) / steps
-        groups[name].barrier().wait()  # every bucket's allreduce done before the setting changes
+        group.barrier().wait()  # every bucket's allreduce done before the setting changes
         return elapsed
 
-    for name in groups:
+    for name in lanes:
         run(name, args.warmup)
-    times = {name: [] for name in groups}
+    times = {name: [] for name in lanes}
     for r in range(args.rounds):
-        order = list(groups) if r % 2 == 0 else list(reversed(groups))
+        order = lanes if r % 2 == 0 else list(reversed(lanes))
         for name in order:
             times[name].append(run(name, args.steps))
     # the slowest rank's time is the step time
-    names = list(groups)
+    names = lanes
     t = torch.tensor([times[name] for name in names], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["gloo"])
     if rank == 0:
@@ -135,6 +142,7 @@ def worker(args) -> None:
             result[f"{name}_s"] = t[i].tolist()
             result[f"{name}_median_s"] = statistics.median(result[f"{name}_s"])
         result["ratio"] = result["ftcomm_median_s"] / result["gloo_median_s"]
+        result["floor_ratio"] = result["compute_median_s"] / result["gloo_median_s"]
         if args.grad_outliers:
             # per round, so that both see the same load: the median of the per-round ratios
             result["norms_cost"] = statistics.median(a / b for a, b in zip(result["ftcomm+norms_s"], result["ftcomm_s"])) - 1
@@ -173,12 +181,14 @@ def main(argv=None) -> int:
                 return 1
             rows.append(json.loads(out.read_text()))
     print(f"{'ranks':>5} {'params':>9} {'grad MiB':>8} {'ftcomm ms':>10} {'gloo ms':>9} {'ratio':>6}"
+          f" {'compute ms':>10} {'floor':>6}"
           + (f" {'+norms ms':>10} {'cost':>6}" if args.grad_outliers else "")
           + (f" {'+checksums ms':>13} {'cost':>6}" if args.checksums else "")
           + (f" {'per-bucket ms':>13} {'ratio':>6} {'gain':>6}" if args.per_bucket else ""))
     for r in rows:
         print(f"{r['ranks']:>5} {r['params']:>9} {r['grad_mib']:>8.1f} {r['ftcomm_median_s'] * 1e3:>10.2f} "
               f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x"
+              f" {r['compute_median_s'] * 1e3:>10.2f} {r['floor_ratio']:>5.2f}x"
               + (f" {r['ftcomm+norms_median_s'] * 1e3:>10.2f} {r['norms_cost']:>+6.1%}" if args.grad_outliers else "")
               + (f" {r['ftcomm+checksums_median_s'] * 1e3:>13.2f} {r['checksums_cost']:>+6.1%}" if args.checksums else "")
               + (f" {r['ftcomm-per-bucket_median_s'] * 1e3:>13.2f} {r['per_bucket_ratio']:>5.2f}x"
