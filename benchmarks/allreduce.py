@@ -5,10 +5,10 @@ communicator) and torch.distributed's gloo, in the same job, interleaved.
     ftcomm-run -n 2 python benchmarks/allreduce.py --max-size 64M
 
 For each size (float32, op sum) every implementation runs `--reps` rounds (more for small sizes),
-each round in a fresh random order, the same on every rank; a round's time is the slowest rank's (MPI_MAX). Reported: the median round time, algbw = bytes /
-time, busbw = algbw x 2(N-1)/N (the bytes each rank must move in a ring, so busbw is comparable
-across world sizes), and ftcomm's busbw as a ratio to MPI's and gloo's. Writes
-results/allreduce_n{N}.json and .png.
+each round in a fresh random order, the same on every rank; a round's time is the slowest rank's
+(MPI_MAX). Reported: the median round time, algbw = bytes / time, busbw = algbw x 2(N-1)/N (the
+bytes each rank must move in a ring, so busbw is comparable across world sizes), and ftcomm's
+busbw as a ratio to MPI's and gloo's. Writes results/allreduce_n{N}.json and .png.
 
 ``--checksums`` adds "ftcomm+checksums" (the transit guard against silent data corruption on)
 beside "ftcomm" (off), interleaved in the same job, and their ratio (``guard_cost``: the guard's

@@ -132,13 +132,12 @@ def worker(args) -> None:
         for name in order:
             times[name].append(run(name, args.steps))
     # the slowest rank's time is the step time
-    names = lanes
-    t = torch.tensor([times[name] for name in names], dtype=torch.float64)
+    t = torch.tensor([times[name] for name in lanes], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["gloo"])
     if rank == 0:
         result = {"ranks": size, "params": n_params, "grad_mib": n_params * 4 / 2**20,
                   "batch": args.batch, "steps": args.steps, "rounds": args.rounds}
-        for i, name in enumerate(names):
+        for i, name in enumerate(lanes):
             result[f"{name}_s"] = t[i].tolist()
             result[f"{name}_median_s"] = statistics.median(result[f"{name}_s"])
         result["ratio"] = result["ftcomm_median_s"] / result["gloo_median_s"]

@@ -62,15 +62,16 @@ void ReduceUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict u
 }
 
 // The undo log streamed: block by block, the old values go out with streaming stores, then the
-// block (still in L1) is reduced in place.
+// block (still in L1) is reduced in place; one fence at the end.
 template <typename T, ReduceOp Op>
 void ReduceStreamedUndoLoop(const T* __restrict in, T* __restrict inout, T* __restrict undo, size_t n) {
   constexpr size_t kBlock = 4096 / sizeof(T);
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t m = n - b < kBlock ? n - b : kBlock;
-    StreamCopy(undo + b, inout + b, m * sizeof(T));
+    StreamCopyUnfenced(undo + b, inout + b, m * sizeof(T));
     ReduceLoop<T, Op>(in + b, inout + b, m);
   }
+  StreamFence();
 }
 
 // An element's contribution to WordSum: itself (4 bytes) or its two 32-bit halves (8 bytes).

@@ -9,7 +9,7 @@
 
 namespace ftcomm {
 
-void StreamCopy(void* dst, const void* src, size_t bytes) {
+void StreamCopyUnfenced(void* dst, const void* src, size_t bytes) {
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);
 #if defined(__SSE2__)
@@ -31,11 +31,21 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
       _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
     }
     std::memcpy(d + i, s + i, bytes - i);
-    _mm_sfence();
     return;
   }
 #endif
   std::memcpy(d, s, bytes);
+}
+
+void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+  StreamCopyUnfenced(dst, src, bytes);
+  StreamFence();
 }
 
 }  // namespace ftcomm

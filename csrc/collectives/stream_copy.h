@@ -15,10 +15,16 @@ namespace ftcomm {
 // both ranks still fit in the cache and ordinary stores are cheaper.
 constexpr size_t kStreamUndoBytes = size_t(2) << 20;
 
-// memcpy(dst, src, bytes) with streaming stores for the 16-byte aligned middle of `dst`, and a
-// store fence at the end (the data is visible to this thread's later loads either way; the fence
-// orders it before the next collective's messages). Plain memcpy where the target lacks SSE2, or
-// for fewer than 256 bytes.
+// memcpy(dst, src, bytes) with streaming stores for the 16-byte aligned middle of `dst`, without
+// a fence: a loop of many copies calls StreamFence once at its end. Plain memcpy where the target
+// lacks SSE2, or for fewer than 256 bytes.
+void StreamCopyUnfenced(void* dst, const void* src, size_t bytes);
+
+// Orders the streaming stores before it ahead of later stores (the next collective's messages;
+// this thread's own loads see them either way).
+void StreamFence();
+
+// StreamCopyUnfenced, then StreamFence.
 void StreamCopy(void* dst, const void* src, size_t bytes);
 
 }  // namespace ftcomm
