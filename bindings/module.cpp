@@ -124,7 +124,8 @@ void RegisterEnums(py::module_& m) {
       .value("INVALID_INPUT", StatusCode::kInvalidInput)
       .value("MPI_ERROR", StatusCode::kMpiError)
       .value("CORRUPTION", StatusCode::kCorruption)
-      .value("RESULTS_DIFFER", StatusCode::kResultsDiffer);
+      .value("RESULTS_DIFFER", StatusCode::kResultsDiffer)
+      .value("COLLECTIVE_MISMATCH", StatusCode::kCollectiveMismatch);
   py::enum_<ftcomm::DType>(m, "DType", py::arithmetic(), "Element types (collectives/dtype.h).")
       .value("FLOAT32", ftcomm::DType::kFloat32)
       .value("FLOAT64", ftcomm::DType::kFloat64)
@@ -157,6 +158,13 @@ void RegisterEnums(py::module_& m) {
       .value("HANG", ftcomm::fault::Kind::kHang)
       .value("STOP", ftcomm::fault::Kind::kStop)
       .value("BITFLIP", ftcomm::fault::Kind::kBitflip);
+  py::enum_<ftcomm::RoundKind>(m, "RoundKind", py::arithmetic(),
+                               "Which min/max round a rank is in (collectives/minmax_round.h).")
+      .value("ALLREDUCE", ftcomm::RoundKind::kAllreduce)
+      .value("REDUCE_SCATTER", ftcomm::RoundKind::kReduceScatter)
+      .value("MIN_MAX", ftcomm::RoundKind::kMinMax)
+      .value("ALLGATHER", ftcomm::RoundKind::kAllgather)
+      .value("BROADCAST", ftcomm::RoundKind::kBroadcast);
   py::enum_<ftcomm::Tag>(m, "Tag", py::arithmetic(), "MPI message tags of ftcomm's protocols (core/tags.h).")
       .value("RING", ftcomm::Tag::kRing)
       .value("RING_SUM", ftcomm::Tag::kRingSum)
@@ -366,17 +374,17 @@ PYBIND11_MODULE(_C, m) {
         py::arg("comm"), py::arg("sends"), py::arg("recvs"), py::arg("tag"), py::arg("timeout"));
 
   m.def("minmax",
-        [](PyCommunicator& c, const std::vector<int64_t>& values, double timeout) {
+        [](PyCommunicator& c, const std::vector<int64_t>& values, double timeout, ftcomm::RoundKind kind) {
           std::vector<int64_t> mins, maxs;
           Status s;
           {
             py::gil_scoped_release release;
-            s = ftcomm::MinMaxAcrossRanks(*c.core, values, &mins, &maxs, timeout);
+            s = ftcomm::MinMaxAcrossRanks(*c.core, kind, values, &mins, &maxs, timeout);
           }
           ThrowIfError(s);
           return std::make_tuple(mins, maxs);
         },
-        py::arg("comm"), py::arg("values"), py::arg("timeout"));
+        py::arg("comm"), py::arg("values"), py::arg("timeout"), py::arg("kind") = ftcomm::RoundKind::kMinMax);
 
   m.def("fault_add",
         [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk,

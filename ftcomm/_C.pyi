@@ -17,6 +17,7 @@ class StatusCode:
     MPI_ERROR: StatusCode
     CORRUPTION: StatusCode
     RESULTS_DIFFER: StatusCode
+    COLLECTIVE_MISMATCH: StatusCode
     __members__: dict[str, StatusCode]
 
 class DType(IntEnum):
@@ -53,6 +54,13 @@ class FaultKind(IntEnum):
     HANG = 2
     STOP = 3
     BITFLIP = 4
+
+class RoundKind(IntEnum):
+    ALLREDUCE = 1
+    REDUCE_SCATTER = 2
+    MIN_MAX = 3
+    ALLGATHER = 4
+    BROADCAST = 5
 
 class Tag(IntEnum):
     RING = 7001
@@ -114,7 +122,8 @@ class Communicator:
 
 def exchange(comm: Communicator, sends: Sequence[tuple[int, int, int]], recvs: Sequence[tuple[int, int, int]],
              tag: int, timeout: float) -> None: ...
-def minmax(comm: Communicator, values: Sequence[int], timeout: float) -> tuple[list[int], list[int]]: ...
+def minmax(comm: Communicator, values: Sequence[int], timeout: float,
+           kind: RoundKind = RoundKind.MIN_MAX) -> tuple[list[int], list[int]]: ...
 
 # -- fault injection, watchdog, liveness ------------------------------------------------------
 def fault_add(point: str, world_rank: int, step: int, ring_step: int, chunk: int, kind: FaultKind) -> None: ...

@@ -30,6 +30,7 @@ from .core.cuda import cuda_available, cuda_status
 from .core.events import CorruptionEvent, RecoveryEvent, corruptions
 from .core.runtime import ft_compiled_in, ft_enabled, mpi_family, ulfm_status
 from .errors import (
+    CollectiveMismatchError,
     CollectiveTimeoutError,
     FtError,
     InvalidInputError,
@@ -86,6 +87,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "UlfmUnavailableError",
     "InvalidInputError",
+    "CollectiveMismatchError",
     "MpiError",
     "StateLostError",
     "SilentCorruptionError",

@@ -48,6 +48,13 @@ class InvalidInputError(FtError, ValueError):
     """Bad input on some rank (a buffer, dtype, op, length or step id); raised on every rank."""
 
 
+class CollectiveMismatchError(InvalidInputError):
+    """Ranks called different collectives at once (an allreduce on one, a broadcast on another),
+    or passed a min/max round different numbers of values: a program error, found in the input
+    check's round before any buffer is touched and raised on every rank. The message names two
+    ranks (world ranks too) and what each was in; the communicator stays usable."""
+
+
 class MpiError(FtError):
     """Any other MPI error."""
 

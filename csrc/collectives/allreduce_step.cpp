@@ -72,7 +72,7 @@ Status AllreduceStep(Communicator& comm, std::vector<RingBuffer>& buffers,
     }
     return fp;
   };
-  return RunCommittedStep(comm, "allreduce", buffers, opt, body, result);
+  return RunCommittedStep(comm, RoundKind::kAllreduce, "allreduce", buffers, opt, body, result);
 }
 
 }  // namespace ftcomm

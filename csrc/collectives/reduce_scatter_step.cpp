@@ -35,7 +35,7 @@ Status ReduceScatterStep(Communicator& comm, const RingBuffer& input, const Ring
     return ring->Run(deadline);
   };
   body.commit = [&] { std::memcpy(output.data, ring->result(), output.count * ElementSize(output.dtype)); };
-  return RunCommittedStep(comm, "reduce-scatter", {input}, opt, body, result);
+  return RunCommittedStep(comm, RoundKind::kReduceScatter, "reduce-scatter", {input}, opt, body, result);
 }
 
 }  // namespace ftcomm

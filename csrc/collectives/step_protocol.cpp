@@ -27,13 +27,6 @@ constexpr int64_t kRankSlots = int64_t(1) << 20;  // ranks per communicator the 
 enum Field { kStep, kStepRank, kOp, kNumBuffers, kLayoutHash, kTotalCount, kFirstDType, kProblem, kProblemRank,
              kMode, kChunkBytes, kFields };
 
-// "rank 2 (world rank 5)": errors name both, the world rank being the one that stays put.
-std::string RankName(const Communicator& comm, int64_t rank) {
-  std::string out = "rank " + std::to_string(rank);
-  if (rank >= 0 && rank < comm.size()) out += " (world rank " + std::to_string(comm.world_ranks()[rank]) + ")";
-  return out;
-}
-
 // The step's mode, packed as checksums | fingerprints << 1 | uncommitted << 2, in words.
 std::string ModeText(int64_t mode) {
   return std::string("checksums ") + (mode & 1 ? "on" : "off") + ", fingerprints " + (mode & 2 ? "on" : "off") +
@@ -56,41 +49,9 @@ uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
   return h >> 2;  // keep it positive as an int64 so that its negation is representable
 }
 
-// Element-wise MAX of `n` int64 over all ranks by dissemination (Hensgen, Finkel & Manber 1988):
-// in round k each rank sends what it has to rank + 2^k and takes the max with what comes from
-// rank - 2^k; after ceil(log2 N) rounds every rank has seen every value. Overlapping windows do
-// not matter because MAX is idempotent. Point-to-point rather than MPI_Iallreduce: Open MPI's
-// non-blocking collectives advance only inside MPI_Test and cost ~200 us here at 4 ranks,
-// several times a blocking allreduce.
-Status DisseminationMax(Communicator& comm, const int64_t* in, int64_t* out, int n,
-                        const Deadline& deadline) {
-  constexpr int kTag = TagValue(Tag::kValidate);
-  std::vector<int64_t> incoming(n);
-  std::copy(in, in + n, out);
-  const int size = comm.size(), rank = comm.rank();
-  for (int dist = 1; dist < size; dist *= 2) {
-    MPI_Request reqs[2];
-    int rc = MPI_Irecv(incoming.data(), n, MPI_INT64_T, (rank - dist + size) % size, kTag,
-                       comm.handle(), &reqs[0]);
-    if (rc != MPI_SUCCESS) return comm.Classify(rc, "validation");
-    rc = MPI_Isend(out, n, MPI_INT64_T, (rank + dist) % size, kTag, comm.handle(), &reqs[1]);
-    if (rc != MPI_SUCCESS) {
-      comm.Drain(reqs, 1);
-      return comm.Classify(rc, "validation");
-    }
-    Status s = comm.Wait(reqs, 2, deadline, "validation");
-    if (!s.ok()) {
-      comm.Drain(reqs, 2);
-      return s;
-    }
-    for (int i = 0; i < n; ++i) out[i] = std::max(out[i], incoming[i]);
-  }
-  return Status::Ok();
-}
-
-Status Validate(Communicator& comm, const char* name, const std::vector<RingBuffer>& buffers,
+Status Validate(Communicator& comm, RoundKind kind, const char* name, const std::vector<RingBuffer>& buffers,
                 const StepOptions& opt, const Deadline& deadline) {
-  int64_t local[kFields];
+  std::vector<int64_t> local(kFields), mins, maxs;
   size_t total = 0;
   for (const RingBuffer& b : buffers) total += b.count;
   local[kStep] = opt.step;
@@ -116,15 +77,14 @@ Status Validate(Communicator& comm, const char* name, const std::vector<RingBuff
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
   }
-  int64_t send[2 * kFields], recv[2 * kFields];
-  for (int i = 0; i < kFields; ++i) {
-    send[i] = local[i];
-    send[kFields + i] = -local[i];
+  Status s = MinMaxRound(comm, kind, local, &mins, &maxs, deadline);
+  if (s.code == StatusCode::kCollectiveMismatch) {
+    s.message = std::string(name) + " step " + std::to_string(opt.step) + ": " + s.message;
+    s.step = opt.step;
   }
-  Status s = DisseminationMax(comm, send, recv, 2 * kFields, deadline);
   if (!s.ok()) return s;
-  auto max_of = [&](int f) { return recv[f]; };
-  auto min_of = [&](int f) { return -recv[kFields + f]; };
+  auto max_of = [&](int f) { return maxs[f]; };
+  auto min_of = [&](int f) { return mins[f]; };
 
   std::string why;
   if (max_of(kProblem) == static_cast<int64_t>(InputProblem::kStepNotAfterCommitted)) {
@@ -261,7 +221,7 @@ Status ResultsDifferError(Communicator& comm, const char* name, const StepOption
   std::string what = std::string(name) + " step " + std::to_string(opt.step) +
                      " voided: silent data corruption: the ranks' results differ";
   Status out = Status::Error(StatusCode::kResultsDiffer, what + "; buffers unchanged, nothing committed: redo the step");
-  if (MinMaxAcrossRanks(comm, mine, &mins, &maxs, opt.timeout_s).ok()) {
+  if (MinMaxAcrossRanks(comm, RoundKind::kMinMax, mine, &mins, &maxs, opt.timeout_s).ok()) {
     std::map<int64_t, int> count;
     for (int64_t v : maxs) ++count[v];
     int64_t common = maxs[0];
@@ -296,7 +256,7 @@ Status CorruptionError(Communicator& comm, const char* name, const StepOptions& 
   Status out;
   std::string what = std::string(name) + " step " + std::to_string(opt.step) +
                      " voided: silent data corruption in transit";
-  if (MinMaxAcrossRanks(comm, {mine ? int64_t(comm.rank()) * (int64_t(1) << 20) + local.failed_ranks[0] : -1},
+  if (MinMaxAcrossRanks(comm, RoundKind::kMinMax, {mine ? int64_t(comm.rank()) * (int64_t(1) << 20) + local.failed_ranks[0] : -1},
                         &mins, &maxs, opt.timeout_s)
           .ok() &&
       maxs[0] >= 0) {
@@ -403,30 +363,9 @@ const char* InputProblemText(InputProblem problem) {
   return "invalid input";
 }
 
-Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
-                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s) {
-  if (comm.IsRevoked()) {
-    return Status::Error(StatusCode::kRevoked, "validation on a revoked communicator: call recover() first");
-  }
-  // Published so that a peer whose own wait times out sees this rank inside ftcomm (named, never
-  // fenced) rather than late in its own code; inside an allreduce the allreduce's scope stays.
-  liveness::ActivityScope activity(liveness::Activity::kValidate, comm.last_committed_step());
-  const int n = static_cast<int>(values.size());
-  std::vector<int64_t> send(2 * n), recv(2 * n);
-  for (int i = 0; i < n; ++i) {
-    send[i] = values[i];
-    send[n + i] = -values[i];
-  }
-  Status s = DisseminationMax(comm, send.data(), recv.data(), 2 * n, Deadline(timeout_s));
-  if (!s.ok()) return s;
-  maxs->assign(recv.begin(), recv.begin() + n);
-  mins->resize(n);
-  for (int i = 0; i < n; ++i) (*mins)[i] = -recv[n + i];
-  return Status::Ok();
-}
-
-Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<RingBuffer>& validated,
-                        const StepOptions& opt, StepBody& body, StepResult* result) {
+Status RunCommittedStep(Communicator& comm, RoundKind kind, const char* name,
+                        const std::vector<RingBuffer>& validated, const StepOptions& opt, StepBody& body,
+                        StepResult* result) {
   result->replayed = false;
   if (opt.commit && opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone) {
     result->replayed = true;
@@ -451,9 +390,9 @@ Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<
   // rank takes the same path through the abort's shrink.
   Status local = comm.IsRevoked()
                      ? Status::Error(StatusCode::kRevoked, std::string(name) + ": the communicator was revoked")
-                     : Validate(comm, name, validated, opt, deadline);
+                     : Validate(comm, kind, name, validated, opt, deadline);
   const double validate_s = SecondsSince(t_start);
-  if (local.code == StatusCode::kInvalidInput) {
+  if (local.code == StatusCode::kInvalidInput || local.code == StatusCode::kCollectiveMismatch) {
     if (local.step < 0) local.step = opt.step;
     return local;  // uniform: every rank saw the same validation result
   }

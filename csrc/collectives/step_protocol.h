@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "collectives/dtype.h"
+#include "collectives/minmax_round.h"
 #include "collectives/ring_buffer.h"
 #include "core/communicator.h"
 #include "core/deadline.h"
@@ -94,16 +95,10 @@ struct StepBody {
 };
 
 // Runs one committed step of the collective `name` ("allreduce", "reduce-scatter"; it starts
-// every error message). `validated` are the buffers whose lengths and dtypes must agree across
-// ranks.
-Status RunCommittedStep(Communicator& comm, const char* name, const std::vector<RingBuffer>& validated,
-                        const StepOptions& opt, StepBody& body, StepResult* result);
-
-// Element-wise min and max of `values` over all ranks (one dissemination round of small
-// messages, as the steps' validation). Used by the Python helpers (allgather, broadcast) to
-// validate input uniformly: every rank gets the same mins and maxs, hence the same error. Values
-// must lie in (INT64_MIN, INT64_MAX]. Local outcome on a failure (ProcFailed, Revoked, Timeout).
-Status MinMaxAcrossRanks(Communicator& comm, const std::vector<int64_t>& values,
-                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s);
+// every error message), whose validation round is of `kind`. `validated` are the buffers whose
+// lengths and dtypes must agree across ranks.
+Status RunCommittedStep(Communicator& comm, RoundKind kind, const char* name,
+                        const std::vector<RingBuffer>& validated, const StepOptions& opt, StepBody& body,
+                        StepResult* result);
 
 }  // namespace ftcomm

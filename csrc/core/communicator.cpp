@@ -225,6 +225,34 @@ Status Communicator::Wait(MPI_Request* requests, int count, const Deadline& dead
   }
 }
 
+Status Communicator::ReceiveWhole(int source, int tag, const Deadline& deadline, const char* what,
+                                  std::vector<int64_t>* into) {
+  int idle_polls = 0;
+  // Every member is judged at the deadline, as in Wait without peers: the rounds that use this
+  // depend, through their earlier messages, on every rank.
+  WaitDeadline end(deadline, world_ranks_);
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status;
+  for (;;) {
+    int matched = 0;
+    int rc = MPI_Improbe(source, tag, comm_, &matched, &message, &status);
+    if (rc != MPI_SUCCESS) return Classify(rc, what);
+    if (matched) break;
+    end.Poll();
+    if (end.GiveUp()) return end.TimeoutStatus(what);
+    Backoff(++idle_polls);
+  }
+  int count = 0;
+  MPI_Get_count(&status, MPI_INT64_T, &count);
+  into->assign(count == MPI_UNDEFINED ? 0 : count, 0);
+  MPI_Request req;
+  int rc = MPI_Imrecv(into->data(), static_cast<int>(into->size()), MPI_INT64_T, &message, &req);
+  if (rc != MPI_SUCCESS) return Classify(rc, what);
+  Status s = Wait(&req, 1, deadline, what);
+  if (!s.ok()) Drain(&req, 1);
+  return s;
+}
+
 void Communicator::Drain(MPI_Request* requests, int count) {
   if (ft_enabled_ && !IsRevoked()) Revoke();
   // Point-to-point requests complete in error within milliseconds of the revoke; an agreement's

@@ -100,6 +100,11 @@ class Communicator {
   Status Wait(MPI_Request* requests, int count, const Deadline& deadline, const char* what,
               const std::vector<int>* peers = nullptr);
 
+  // Receives the next message from `source` with `tag` whole, whatever its length, as int64
+  // words into `*into` (MPI_Improbe polling, then MPI_Imrecv of the matched message), until the
+  // deadline. For rounds whose peers may have sent a message of another length than this rank
+  // expects (a peer in another collective). Errors as Wait's.
+  Status ReceiveWhole(int source, int tag, const Deadline& deadline, const char* what, std::vector<int64_t>* into);
   // MPI_COMM_WORLD ranks of the given ranks of this communicator.
   std::vector<int> WorldRanksOf(const std::vector<int>& ranks) const;
 

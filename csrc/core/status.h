@@ -22,6 +22,8 @@ enum class StatusCode : int {
   kResultsDiffer = 8,    // silent data corruption: the ranks' result fingerprints differ; nothing
                          // committed. failed_ranks: those that differ from a strict majority (all
                          // without one), alive
+  kCollectiveMismatch = 9,  // ranks called different collectives (or passed a min/max round
+                            // different numbers of values): a program error, raised on every rank
 };
 
 struct Status {

@@ -8,7 +8,7 @@ namespace ftcomm {
 enum class Tag : int {
   kRing = 7001,          // ring allreduce chunks (collectives/ring_allreduce.cpp)
   kRingSum = 7004,       // the ring allreduce's per-step chunk checksums (same file)
-  kValidate = 7002,      // input validation and min/max rounds (collectives/step_protocol.cpp)
+  kValidate = 7002,      // input validation and min/max rounds (collectives/minmax_round.cpp)
   kReduceScatter = 7003, // ring reduce-scatter chunks (collectives/ring_reduce_scatter.cpp)
   kReduceScatterSum = 7005,  // the ring reduce-scatter's per-step chunk checksums (same file)
   kAllgather = 7101,     // Communicator.allgather's ring (ftcomm/core/p2p.py)

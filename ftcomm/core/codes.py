@@ -1,11 +1,11 @@
 """The codes Python and the C++ core share, read from the core's own enums (``ftcomm._C``), so
 that nothing is mirrored by hand: status codes and the exception each one raises, element types,
-reduction ops, input problems and their texts, fault kinds, message tags.
+reduction ops, input problems and their texts, fault kinds, message tags, min/max round kinds.
 """
 from __future__ import annotations
 
 from .. import _C
-from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, MpiError, ProcFailedError,
+from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, FtError, InvalidInputError, MpiError, ProcFailedError,
                       ResultsDifferError, RevokedError, SilentCorruptionError,
                       UlfmUnavailableError)
 
@@ -15,6 +15,7 @@ ReduceOp = _C.ReduceOp
 InputProblem = _C.InputProblem
 FaultKind = _C.FaultKind
 Tag = _C.Tag
+RoundKind = _C.RoundKind
 
 # numpy dtype names and torch dtype names (str(torch.float32) without "torch.") -> dtype code.
 DTYPE_CODES: dict[str, int] = {name.lower(): int(value) for name, value in DType.__members__.items()}
@@ -30,6 +31,7 @@ _ERROR_OF_STATUS = {
     StatusCode.ULFM_UNAVAILABLE: UlfmUnavailableError,
     StatusCode.INVALID_INPUT: InvalidInputError,
     StatusCode.MPI_ERROR: MpiError,
+    StatusCode.COLLECTIVE_MISMATCH: CollectiveMismatchError,
 }
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _C, settings
-from ..errors import FtError, InvalidInputError, UlfmUnavailableError
+from ..errors import CollectiveMismatchError, FtError, InvalidInputError, UlfmUnavailableError
 from . import cuda, events, p2p, runtime
 from .buffers import describe as describe_buffers
 from .buffers import raw as raw_buffer
-from .codes import InputProblem, op_code
+from .codes import InputProblem, RoundKind, op_code
 from .events import RecoveryEvent
 
 
@@ -293,10 +293,20 @@ class Communicator:
         """
         return self._core.wait_signal(int(tag), -1.0 if timeout is None else _timeout(timeout))
 
-    def minmax(self, values, timeout: float | None = None) -> tuple[list[int], list[int]]:
-        """Element-wise (min, max) over the ranks of ``values`` (ints, the same count on every
-        rank), by one round of small messages. Local outcome on a failure, as ``exchange``."""
-        mins, maxs = _C.minmax(self._core, [int(v) for v in values], _timeout(timeout))
+    def minmax(self, values, timeout: float | None = None, kind: RoundKind = RoundKind.MIN_MAX
+               ) -> tuple[list[int], list[int]]:
+        """Element-wise (min, max) over the ranks of ``values`` (ints in (-2**63, 2**63), the same
+        count on every rank), by one round of small messages (csrc/collectives/minmax_round.h).
+        ``kind`` says which round this is (``ftcomm._C.RoundKind``; ftcomm's own input checks pass
+        theirs): a rank whose peer is in another kind of round, or passed another count, does not
+        merge its values.
+
+        Raises:
+            CollectiveMismatchError: on every rank, when ranks are in different kinds of round or
+                passed different counts, naming two of them and what each was in.
+            ProcFailedError, RevokedError, CollectiveTimeoutError: a local outcome, as ``exchange``.
+        """
+        mins, maxs = _C.minmax(self._core, [int(v) for v in values], _timeout(timeout), RoundKind(kind))
         return list(mins), list(maxs)
 
     # -- collectives ---------------------------------------------------------------------
@@ -390,6 +400,8 @@ class Communicator:
                 self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
             self._uncommitted_step = uncommitted_before  # nothing ran: the id is free again
+            if isinstance(error, CollectiveMismatchError):
+                raise  # the peers are in other collectives: no detail round to share with them
             raise self._with_offender_detail(error, bufs.detail, timeout) from None
         return int(step)
 
@@ -454,6 +466,8 @@ class Communicator:
             _, validate_s, ring_s, agree_s = self._core.reduce_scatter(in_triple, out_triple, *args, guard)
             self.last_phases = {"validate_s": validate_s, "ring_s": ring_s, "agree_s": agree_s}
         except InvalidInputError as error:
+            if isinstance(error, CollectiveMismatchError):
+                raise  # the peers are in other collectives: no detail round to share with them
             raise self._with_offender_detail(error, detail, timeout) from None
         return int(step)
 

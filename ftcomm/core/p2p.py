@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from . import buffers
-from .codes import Tag
+from .codes import RoundKind, Tag
 
 # Problem codes of the uniform input check (the highest code any rank reports is named).
 _NOT_A_BUFFER, _RECV_SIZE, _DTYPE_DIFFERS, _BAD_ROOT = 1, 2, 3, 4
@@ -23,12 +23,16 @@ _PROBLEMS = {
 }
 
 
+_ROUND_KINDS = {"allgather": RoundKind.ALLGATHER, "broadcast": RoundKind.BROADCAST}
+
+
 def validate(comm, what: str, problem: int, fields, names, timeout) -> None:
     """Uniform input check of a collective: every rank brings its own problem code (0 = none)
-    and the values that must be equal everywhere; one min/max round gives every rank the same
-    view, hence the same InvalidInputError (or none). The error names the world rank."""
+    and the values that must be equal everywhere; one min/max round (of the collective's own
+    kind, ``what``: "allgather" or "broadcast") gives every rank the same view, hence the same
+    InvalidInputError (or none). The error names the world rank."""
     values = [problem, comm.rank if problem else -1, *[int(f) for f in fields]]
-    mins, maxs = comm.minmax(values, timeout=timeout)
+    mins, maxs = comm.minmax(values, timeout=timeout, kind=_ROUND_KINDS[what])
     if maxs[0]:
         bad = maxs[1]
         raise InvalidInputError(f"{what}: rank {bad} (world rank {comm.world_ranks[bad]}) passed bad input: "

@@ -273,3 +273,50 @@ def test_barrier_and_timeout_argument_checked(comm):
     comm.barrier(timeout=30)
     with pytest.raises(ValueError):
         comm.barrier(timeout=0)
+
+
+def _collective(comm, name, x):
+    """Calls the collective `name` on the float32 buffer `x` (4 x size elements)."""
+    if name == "allreduce":
+        comm.allreduce(x, timeout=30)
+    elif name == "reduce_scatter":
+        comm.reduce_scatter(x, np.zeros(x.size // comm.size, np.float32), timeout=30)
+    elif name == "allgather":
+        comm.allgather(x[:4], np.zeros(4 * comm.size, np.float32), timeout=30)
+    elif name == "broadcast":
+        comm.broadcast(x, root=0, timeout=30)
+    else:  # a min/max round of 40 values
+        comm.minmax(list(range(40)), timeout=30)
+
+
+@pytest.mark.parametrize("even, odd", [("allreduce", "reduce_scatter"), ("allreduce", "minmax"),
+                                       ("allgather", "broadcast"), ("broadcast", "allreduce")])
+def test_ranks_in_different_collectives_raise_on_every_rank(comm, even, odd):
+    # A program error: even ranks call one collective, odd ranks another. Every rank raises at
+    # once (no wait for the timeout), naming a rank in each, and no buffer is touched; no message
+    # is left behind, so the communicator's next collectives are right.
+    import ftcomm
+
+    n, r = comm.size, comm.rank
+    x = np.arange(4 * n, dtype=np.float32) + r
+    before = x.copy()
+    with pytest.raises(ftcomm.CollectiveMismatchError,
+                       match=r"ranks called different collectives: rank \d+ \(world rank \d+\) is in an? .+, "
+                             r"rank \d+ \(world rank \d+\) in an? "):
+        _collective(comm, even if r % 2 == 0 else odd, x)
+    np.testing.assert_array_equal(x, before)
+    y = np.arange(6, dtype=np.float64) * (r + 1)
+    comm.allreduce(y, timeout=30)
+    np.testing.assert_array_equal(y, np.arange(6.0) * n * (n + 1) / 2)
+    assert comm.minmax([r, -r], timeout=30) == ([0, -(n - 1)], [n - 1, 0])
+
+
+def test_minmax_of_different_lengths_raises_on_every_rank(comm):
+    import ftcomm
+
+    n, r = comm.size, comm.rank
+    with pytest.raises(ftcomm.CollectiveMismatchError,
+                       match=r"different numbers of values to a min/max round \(Communicator.minmax\) "
+                             r"\(rank \d+ \(world rank \d+\): [23], rank \d+ \(world rank \d+\): [23]\)"):
+        comm.minmax([r] * (2 + r % 2), timeout=30)
+    assert comm.minmax([r, -r], timeout=30) == ([0, -(n - 1)], [n - 1, 0])
