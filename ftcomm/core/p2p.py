@@ -26,12 +26,19 @@ _PROBLEMS = {
 _ROUND_KINDS = {"allgather": RoundKind.ALLGATHER, "broadcast": RoundKind.BROADCAST}
 
 
+# A rank rides in the low bits of a second copy of each field, so that the min and the max also
+# say who passed them (values clamped below 2**43 there: 8 TiB of bytes).
+_RANK_SLOTS, _PACKABLE = 1 << 20, 1 << 43
+
+
 def validate(comm, what: str, problem: int, fields, names, timeout) -> None:
     """Uniform input check of a collective: every rank brings its own problem code (0 = none)
     and the values that must be equal everywhere; one min/max round (of the collective's own
     kind, ``what``: "allgather" or "broadcast") gives every rank the same view, hence the same
-    InvalidInputError (or none). The error names the world rank."""
-    values = [problem, comm.rank if problem else -1, *[int(f) for f in fields]]
+    InvalidInputError (or none). The error names the world ranks."""
+    fields = [int(f) for f in fields]
+    packed = [min(max(f, 0), _PACKABLE - 1) * _RANK_SLOTS + comm.rank for f in fields]
+    values = [problem, comm.rank if problem else -1, *fields, *packed]
     mins, maxs = comm.minmax(values, timeout=timeout, kind=_ROUND_KINDS[what])
     if maxs[0]:
         bad = maxs[1]
@@ -39,8 +46,13 @@ def validate(comm, what: str, problem: int, fields, names, timeout) -> None:
                                 f"{_PROBLEMS[maxs[0]]}")
     for i, name in enumerate(names):
         if mins[2 + i] != maxs[2 + i]:
-            values = "" if name == "dtypes" else f" (from {mins[2 + i]} to {maxs[2 + i]})"
-            raise InvalidInputError(f"{what}: ranks passed different {name}{values}")
+            at = 2 + len(fields) + i
+            low, high = (comm.world_ranks[v % _RANK_SLOTS] for v in (mins[at], maxs[at]))
+            if name == "dtypes":
+                who = f"world rank {low} and world rank {high}"
+            else:
+                who = f"world rank {low}: {mins[2 + i]}, world rank {high}: {maxs[2 + i]}"
+            raise InvalidInputError(f"{what}: ranks passed different {name} ({who})")
 
 
 def dtype_key(buf) -> int:

@@ -117,8 +117,11 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     Tensors: CPU or CUDA tensors (CUDA ones staged through host memory, ``device.py``);
     allreduce and reduce_scatter take float32, float64, float16,
     bfloat16, int32, int64 (others fail on every rank with ``ftcomm.InvalidInputError``);
-    broadcast and allgather move bytes, so any dtype. ``rank()`` / ``size()`` follow the
-    communicator, so they change after a recovery.
+    broadcast and allgather move bytes, so any dtype. A tensor of the wrong size on any rank (an
+    output that is not size x the input, an empty tensor where the peers' hold elements) is an
+    ``ftcomm.InvalidInputError`` (a ValueError) on every rank, from the collective's input check;
+    a wrong number of tensors in a list is a ValueError on that rank only. ``rank()`` /
+    ``size()`` follow the communicator, so they change after a recovery.
 
     With spare ranks (``ftcomm-run --spares S``; docs/TORCH.md "Spares") a failure inside a
     resilient step promotes a spare into each failed rank's place: the survivors finish the voided
@@ -353,9 +356,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         def fn(comm):
             ranks = comm.world_ranks
             r = ranks.index(root_world) if root_world in ranks else 0
+            # Empty tensors too: a rank that skipped its part would leave the peers waiting in the
+            # broadcast's input check, where a length that differs is an error on every rank.
             for t in map(staging.host, tensors):
-                if t.numel() == 0:
-                    continue
                 buf = t if t.is_contiguous() else t.contiguous()
                 comm.broadcast(_byte_view(buf), root=r, timeout=self._timeout)
                 if buf is not t:
@@ -382,9 +385,11 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                     raise _ShapeChanged(f"allgather: {len(out)} outputs for a group of {n} "
                                         "(the group shrank; this collective cannot be redone)")
                 src = staging.host(inp).contiguous()
-                flat = torch.empty((n,) + tuple(src.shape), dtype=src.dtype)
-                if src.numel():
-                    comm.allgather(_byte_view(src), _byte_view(flat), timeout=self._timeout)
+                # As many elements as the outputs hold: an output of another size than the input
+                # makes the allgather's input check fail on every rank (empty tensors included).
+                flat = torch.empty(sum(o.numel() for o in out), dtype=src.dtype)
+                comm.allgather(_byte_view(src), _byte_view(flat), timeout=self._timeout)
+                flat = flat.view((n,) + tuple(src.shape))
                 for j, o in enumerate(out):
                     staging.host(o).copy_(flat[j].view_as(o))
 
@@ -400,18 +405,15 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         rank order (``dist.all_gather_into_tensor``). No staging copy when ``output`` is
         contiguous."""
         _check_devices([output, input], "all_gather_into_tensor")
-        if output.numel() != self.comm.size * input.numel():
-            raise ValueError(f"all_gather_into_tensor: output must hold {self.comm.size} x "
-                             f"{input.numel()} elements, it holds {output.numel()}")
+        size = self.comm.size
         staging = Staging(inputs=[input], outputs=[output])
 
         def fn(comm):
             n = comm.size
-            if output.numel() != n * input.numel():
+            if output.numel() == size * input.numel() != n * input.numel():  # fitted before a shrink
                 raise _ShapeChanged(f"all_gather_into_tensor: output holds {output.numel()} elements, "
                                     f"not {n} x {input.numel()}")
-            if input.numel() == 0:
-                return
+            # A wrong output size is found by the allgather's input check, on every rank.
             src, out = staging.host(input).contiguous(), staging.host(output)
             dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
             comm.allgather(_byte_view(src), _byte_view(dst), timeout=self._timeout)
@@ -437,10 +439,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise ValueError("reduce_scatter: need one input list per output tensor")
         if any(len(x) != self.comm.size for x in ins):
             raise ValueError(f"reduce_scatter: each input list must hold {self.comm.size} tensors")
-        for out, parts in zip(outs, ins):
-            if any(p.numel() != out.numel() for p in parts):
-                raise ValueError(f"reduce_scatter: every input must hold the output's {out.numel()} elements, "
-                                 f"not {[p.numel() for p in parts]}")
+        # Inputs of another size than their output are found by the reduce-scatter's input check
+        # (the concatenated input is not size x the output), on every rank.
         staging = Staging(inputs=[t for x in ins for t in x], outputs=outs)
 
         def fn(comm):
@@ -460,13 +460,13 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         may be a view into ``input``."""
         op = _reduce_op(opts, "reduce_scatter_tensor")
         _check_devices([output, input], "reduce_scatter_tensor")
-        if input.numel() != self.comm.size * output.numel():
-            raise ValueError(f"reduce_scatter_tensor: input must hold {self.comm.size} x "
-                             f"{output.numel()} elements, it holds {input.numel()}")
+        size = self.comm.size
         staging = Staging(inputs=[input], outputs=[output])
 
         def fn(comm):
-            if input.numel() != comm.size * output.numel():
+            # A wrong size is found by the reduce-scatter's input check, on every rank; only a
+            # shape that fitted the group before it shrank is this rank's to refuse.
+            if input.numel() == size * output.numel() != comm.size * output.numel():
                 raise _ShapeChanged(f"reduce_scatter_tensor: input holds {input.numel()} elements, "
                                     f"not {comm.size} x {output.numel()}")
             _reduce_scatter_into(comm, staging.host(input).reshape(-1), staging.host(output), op, self._timeout)

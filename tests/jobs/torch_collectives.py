@@ -5,6 +5,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import ftcomm
 import ftcomm.torch  # noqa: F401  (registers "ftcomm")
 from harness import report
 
@@ -143,6 +144,39 @@ for name, fn in attempts.items():
         unsupported[name] = f"{type(exc).__name__}: {exc}"
 
 
+# a tensor of the wrong size (or empty) on rank 1 only: InvalidInputError on every rank, naming
+# world rank 1, from the collective's input check; the group stays usable (the next all_reduce
+# matches gloo's)
+BAD = 1
+
+
+def sized(good, bad):
+    return torch.zeros(bad if RANK == BAD else good)
+
+
+bad_cases = {
+    "broadcast_empty": lambda: dist.broadcast(sized(4, 0), src=0),
+    "all_gather_empty": lambda: dist.all_gather([torch.empty(3 if RANK != BAD else 0) for _ in range(N)],
+                                                sized(3, 0)),
+    "all_gather_into_tensor_output": lambda: dist.all_gather_into_tensor(sized(N * 3, N * 3 + 1), torch.ones(3)),
+    "reduce_scatter_tensor_output": lambda: dist.reduce_scatter_tensor(sized(3, 2), torch.ones(N * 3)),
+    "reduce_scatter_input": lambda: dist.reduce_scatter(torch.empty(3), [sized(3, 4)] + [torch.ones(3)] * (N - 1)),
+}
+bad_input = {}
+for name, fn in bad_cases.items():
+    try:
+        fn()
+        bad_input[name] = "no error"
+    except ftcomm.InvalidInputError as exc:
+        bad_input[name] = "ok" if f"world rank {BAD}" in str(exc) else f"does not name world rank {BAD}: {exc}"
+    except Exception as exc:  # noqa: BLE001
+        bad_input[name] = f"{type(exc).__name__}: {exc}"
+    t, ref = data((7,), torch.float32, 40), data((7,), torch.float32, 40)
+    dist.all_reduce(t, group=FT)
+    dist.all_reduce(ref, group=GLOO)
+    check(f"all_reduce_after_{name}", t, ref)
+
+
 # DDP with AdamW, same seeds, ftcomm vs gloo: gradients and parameters after each step
 def ddp_run(group, steps=3):
     torch.manual_seed(0)
@@ -167,6 +201,6 @@ grad_err = max(rel_err(a, b) for sa, sb in zip(gf, gg) for a, b in zip(sa, sb))
 param_err = max(rel_err(a, b) for sa, sb in zip(pf, pg_) for a, b in zip(sa, sb))
 
 report(kind="result", rank=RANK, size=N, backend=dist.get_backend(), checks=checks, errors=errors,
-       barrier_ok=bool(barrier_ok), unsupported=unsupported, grad_err=grad_err, param_err=param_err,
-       pg_type=type(FT).__name__)
+       barrier_ok=bool(barrier_ok), unsupported=unsupported, bad_input=bad_input, grad_err=grad_err,
+       param_err=param_err, pg_type=type(FT).__name__)
 dist.destroy_process_group()
