@@ -374,17 +374,19 @@ PYBIND11_MODULE(_C, m) {
         py::arg("comm"), py::arg("sends"), py::arg("recvs"), py::arg("tag"), py::arg("timeout"));
 
   m.def("minmax",
-        [](PyCommunicator& c, const std::vector<int64_t>& values, double timeout, ftcomm::RoundKind kind) {
+        [](PyCommunicator& c, const std::vector<int64_t>& values, double timeout, ftcomm::RoundKind kind,
+           bool values_rejected) {
           std::vector<int64_t> mins, maxs;
           Status s;
           {
             py::gil_scoped_release release;
-            s = ftcomm::MinMaxAcrossRanks(*c.core, kind, values, &mins, &maxs, timeout);
+            s = ftcomm::MinMaxAcrossRanks(*c.core, kind, values, &mins, &maxs, timeout, values_rejected);
           }
           ThrowIfError(s);
           return std::make_tuple(mins, maxs);
         },
-        py::arg("comm"), py::arg("values"), py::arg("timeout"), py::arg("kind") = ftcomm::RoundKind::kMinMax);
+        py::arg("comm"), py::arg("values"), py::arg("timeout"), py::arg("kind") = ftcomm::RoundKind::kMinMax,
+        py::arg("values_rejected") = false);
 
   m.def("fault_add",
         [](const std::string& point, int world_rank, int64_t step, int ring_step, int chunk,

@@ -13,14 +13,20 @@ constexpr int kTag = TagValue(Tag::kValidate);
 // Every message of a round: this header, then the (v, -v) pairs. The "seen" words are the record
 // of a mismatch: the rank that received a message it could not merge (-1: none yet), its own round
 // and count, and the sender's. Of two records the one seen by the higher rank is kept, so that a
-// record only ever changes towards one answer.
-enum Word { kKind, kCount, kSeenBy, kSeenByKind, kSeenByCount, kSeenFrom, kSeenFromKind, kSeenFromCount, kHeader };
+// record only ever changes towards one answer. "Rejected by" is the highest rank that could not
+// bring its values (one was outside the range; -1: none), merged from every message.
+enum Word {
+  kKind, kCount, kSeenBy, kSeenByKind, kSeenByCount, kSeenFrom, kSeenFromKind, kSeenFromCount, kRejectedBy, kHeader
+};
 
 // Merges a message from `source` into `mine` (this rank's message for the next round).
 void Merge(int rank, int source, const std::vector<int64_t>& in, std::vector<int64_t>* mine) {
   std::vector<int64_t>& out = *mine;
   const bool whole = in.size() >= kHeader;
-  if (whole && in[kSeenBy] > out[kSeenBy]) std::copy(in.begin() + kSeenBy, in.begin() + kHeader, out.begin() + kSeenBy);
+  if (whole) out[kRejectedBy] = std::max(out[kRejectedBy], in[kRejectedBy]);
+  if (whole && in[kSeenBy] > out[kSeenBy]) {
+    std::copy(in.begin() + kSeenBy, in.begin() + kSeenFromCount + 1, out.begin() + kSeenBy);
+  }
   const bool same = whole && in[kKind] == out[kKind] && in[kCount] == out[kCount] && in.size() == out.size();
   if (same) {
     for (size_t i = kHeader; i < out.size(); ++i) out[i] = std::max(out[i], in[i]);
@@ -70,12 +76,14 @@ std::string RankName(const Communicator& comm, int64_t rank) {
 }
 
 Status MinMaxRound(Communicator& comm, RoundKind kind, const std::vector<int64_t>& values,
-                   std::vector<int64_t>* mins, std::vector<int64_t>* maxs, const Deadline& deadline) {
+                   std::vector<int64_t>* mins, std::vector<int64_t>* maxs, const Deadline& deadline,
+                   bool values_rejected) {
   const size_t n = values.size();
   std::vector<int64_t> out(kHeader + 2 * n, 0), in;
   out[kKind] = static_cast<int64_t>(kind);
   out[kCount] = static_cast<int64_t>(n);
   out[kSeenBy] = -1;
+  out[kRejectedBy] = values_rejected ? comm.rank() : -1;
   for (size_t i = 0; i < n; ++i) {
     out[kHeader + i] = values[i];
     out[kHeader + n + i] = -values[i];
@@ -96,6 +104,11 @@ Status MinMaxRound(Communicator& comm, RoundKind kind, const std::vector<int64_t
     Merge(rank, source, in, &out);  // after the send completed: `out` is its buffer
   }
   if (out[kSeenBy] >= 0) return MismatchError(comm, out);
+  if (out[kRejectedBy] >= 0) {
+    return Status::Error(StatusCode::kInvalidInput, RankName(comm, out[kRejectedBy]) +
+                                                        " passed a value outside (-2**63, 2**63) to " +
+                                                        RoundKindText(static_cast<int64_t>(kind)));
+  }
   maxs->assign(out.begin() + kHeader, out.begin() + kHeader + n);
   mins->resize(n);
   for (size_t i = 0; i < n; ++i) (*mins)[i] = -out[kHeader + n + i];
@@ -103,14 +116,15 @@ Status MinMaxRound(Communicator& comm, RoundKind kind, const std::vector<int64_t
 }
 
 Status MinMaxAcrossRanks(Communicator& comm, RoundKind kind, const std::vector<int64_t>& values,
-                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s) {
+                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s,
+                         bool values_rejected) {
   if (comm.IsRevoked()) {
     return Status::Error(StatusCode::kRevoked, "validation on a revoked communicator: call recover() first");
   }
   // Published so that a peer whose own wait times out sees this rank inside ftcomm (named, never
   // fenced) rather than late in its own code; inside an allreduce the allreduce's scope stays.
   liveness::ActivityScope activity(liveness::Activity::kValidate, comm.last_committed_step());
-  return MinMaxRound(comm, kind, values, mins, maxs, Deadline(timeout_s));
+  return MinMaxRound(comm, kind, values, mins, maxs, Deadline(timeout_s), values_rejected);
 }
 
 }  // namespace ftcomm

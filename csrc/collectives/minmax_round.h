@@ -46,16 +46,23 @@ std::string RankName(const Communicator& comm, int64_t rank);
 // whatever its peers called, so no message is left behind and no rank waits for one that never
 // comes.
 //
-// Errors: kCollectiveMismatch as above (on every rank); kProcFailed, kRevoked, kTimeout as a
-// local outcome (a peer failed or never came: the peers' outcomes may differ).
+// A rank whose caller could not give it its values (one outside the range) passes
+// `values_rejected` (its values are then ignored): it still takes part in every message, and
+// every rank returns kInvalidInput naming it.
+//
+// Errors: kCollectiveMismatch as above (on every rank); kInvalidInput for rejected values (on
+// every rank); kProcFailed, kRevoked, kTimeout as a local outcome (a peer failed or never came:
+// the peers' outcomes may differ).
 Status MinMaxRound(Communicator& comm, RoundKind kind, const std::vector<int64_t>& values,
-                   std::vector<int64_t>* mins, std::vector<int64_t>* maxs, const Deadline& deadline);
+                   std::vector<int64_t>* mins, std::vector<int64_t>* maxs, const Deadline& deadline,
+                   bool values_rejected = false);
 
 // MinMaxRound with a deadline of `timeout_s` seconds, for a communicator that must not be revoked
 // (kRevoked at once otherwise: call recover() first). Used by Communicator.minmax (and through it
 // by the Python helpers, allgather and broadcast, to validate their input uniformly: every rank
 // gets the same mins and maxs, hence the same error).
 Status MinMaxAcrossRanks(Communicator& comm, RoundKind kind, const std::vector<int64_t>& values,
-                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s);
+                         std::vector<int64_t>* mins, std::vector<int64_t>* maxs, double timeout_s,
+                         bool values_rejected = false);
 
 }  // namespace ftcomm

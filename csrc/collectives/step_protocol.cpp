@@ -49,6 +49,11 @@ uint64_t LayoutHash(const std::vector<RingBuffer>& buffers) {
   return h >> 2;  // keep it positive as an int64 so that its negation is representable
 }
 
+// A committed step with the id of the last committed one: its result is already in the buffers.
+bool IsReplay(const Communicator& comm, const StepOptions& opt) {
+  return opt.commit && opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone;
+}
+
 Status Validate(Communicator& comm, RoundKind kind, const char* name, const std::vector<RingBuffer>& buffers,
                 const StepOptions& opt, const Deadline& deadline) {
   std::vector<int64_t> local(kFields), mins, maxs;
@@ -73,7 +78,7 @@ Status Validate(Communicator& comm, RoundKind kind, const char* name, const std:
   local[kMode] = ((opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0) | (opt.commit ? 0 : 4)) * kRankSlots +
                  comm.rank();
   local[kChunkBytes] = static_cast<int64_t>(opt.chunk_bytes) * kRankSlots + comm.rank();
-  if (opt.step <= comm.last_committed_step()) {
+  if (opt.step < comm.last_committed_step() || (opt.step == comm.last_committed_step() && !IsReplay(comm, opt))) {
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
   }
@@ -340,6 +345,26 @@ Status FinishUncommitted(Communicator& comm, const char* name, const StepOptions
   return local;
 }
 
+// A replay does nothing, but it is checked with the peers as any step is: one input check round,
+// so that a rank replaying while the others take the next step (or another collective) is an
+// error on every rank at once, not a wait until the peers' deadline. A failure or a revoked
+// communicator is not the replay's to report (nothing is done; the next collective sees it),
+// nor is there anybody to check with on a communicator already recovered.
+Status Replay(Communicator& comm, RoundKind kind, const char* name, const std::vector<RingBuffer>& validated,
+              const StepOptions& opt, StepResult* result) {
+  if (!comm.has_recovered() && !comm.IsRevoked()) {
+    liveness::ActivityScope activity(liveness::Activity::kAllreduce, opt.step);
+    Status s = Validate(comm, kind, name, validated, opt, Deadline(opt.timeout_s));
+    if (s.code == StatusCode::kInvalidInput || s.code == StatusCode::kCollectiveMismatch ||
+        s.code == StatusCode::kTimeout) {
+      if (s.step < 0) s.step = opt.step;
+      return s;
+    }
+  }
+  result->replayed = true;
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* InputProblemText(InputProblem problem) {
@@ -367,10 +392,7 @@ Status RunCommittedStep(Communicator& comm, RoundKind kind, const char* name,
                         const std::vector<RingBuffer>& validated, const StepOptions& opt, StepBody& body,
                         StepResult* result) {
   result->replayed = false;
-  if (opt.commit && opt.step == comm.last_committed_step() && opt.local_problem == InputProblem::kNone) {
-    result->replayed = true;
-    return Status::Ok();
-  }
+  if (IsReplay(comm, opt)) return Replay(comm, kind, name, validated, opt, result);
   if (comm.has_recovered()) {
     // Every survivor went through this communicator's abort already and holds its shrunk
     // successor: the same answer everywhere, with no communication.

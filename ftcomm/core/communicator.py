@@ -15,11 +15,18 @@ from ..errors import CollectiveMismatchError, FtError, InvalidInputError, UlfmUn
 from . import cuda, events, p2p, runtime
 from .buffers import describe as describe_buffers
 from .buffers import raw as raw_buffer
-from .codes import InputProblem, RoundKind, op_code
+from .codes import InputProblem, RoundKind, Tag, op_code
 from .events import RecoveryEvent
 
 
 _timeout = settings.resolve_timeout
+# The tags of ftcomm's own messages start here (csrc/core/tags.h); exchange refuses them to users.
+_FIRST_RESERVED_TAG = 7000
+
+
+def _is_int64_value(value) -> bool:
+    """An int (bools and numpy ints too) that the min/max round carries: in (-2**63, 2**63)."""
+    return isinstance(value, (int, np.integer)) and -2**63 < int(value) < 2**63
 _MAX_CHUNK_BYTES = 1 << 30  # the core's bound (a larger chunk is cut to it)
 
 
@@ -304,9 +311,21 @@ class Communicator:
         Raises:
             CollectiveMismatchError: on every rank, when ranks are in different kinds of round or
                 passed different counts, naming two of them and what each was in.
+            InvalidInputError: on every rank, when a rank passed a value that is not an int in
+                that range, naming it (and, on that rank, the value).
             ProcFailedError, RevokedError, CollectiveTimeoutError: a local outcome, as ``exchange``.
         """
-        mins, maxs = _C.minmax(self._core, [int(v) for v in values], _timeout(timeout), RoundKind(kind))
+        values = list(values)
+        bad = next(((i, v) for i, v in enumerate(values) if not _is_int64_value(v)), None)
+        ints = [0] * len(values) if bad else [int(v) for v in values]
+        try:
+            mins, maxs = _C.minmax(self._core, ints, _timeout(timeout), RoundKind(kind), bad is not None)
+        except CollectiveMismatchError:
+            raise
+        except InvalidInputError as error:
+            if bad is None:
+                raise
+            raise InvalidInputError(f"{error} (here: value {bad[1]!r} at index {bad[0]})") from None
         return list(mins), list(maxs)
 
     # -- collectives ---------------------------------------------------------------------
@@ -326,8 +345,9 @@ class Communicator:
             op: "sum", "avg", "min", "max" or "prod". avg on integers truncates toward zero.
             step: the step id; default last committed + 1 (uncommitted: after the last uncommitted
                 one too, see ``commit_uncommitted``). A step equal to the last committed one
-                is a replay: a no-op, no communication, the buffer keeps the committed result.
-                A step below it, or different between ranks, is an error on every rank.
+                is a replay: no data moves and the buffer keeps the committed result, after one
+                input-check round with the peers (a failure found there is left to the next
+                call). A step below it, or different between ranks, is an error on every rank.
             timeout: deadline in seconds for the whole step.
             chunk_bytes: pipelining chunk of the ring, bytes (default FTCOMM_CHUNK_BYTES, 1 MiB).
             checksums: the transit guard against silent data corruption (default
@@ -498,10 +518,16 @@ class Communicator:
         Raises:
             ProcFailedError, RevokedError: a peer failed or the communicator was revoked.
             CollectiveTimeoutError: not complete within ``timeout`` seconds.
-            InvalidInputError: a buffer is not contiguous host memory, or a peer rank is invalid.
+            InvalidInputError: a buffer is not contiguous host memory, a peer rank is invalid, or
+                ``tag`` is not an int in [0, 7000) (from 7000 up the tags are ftcomm's own,
+                ``ftcomm.core.codes.Tag``: a message there would be taken by ftcomm's collectives).
         """
         # Checked here, before anything is posted: the core revokes the communicator on any error
         # once transfers are in flight, and a typo in a peer rank should not cost the communicator.
+        if not isinstance(tag, Tag) and (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))
+                                         or not 0 <= tag < _FIRST_RESERVED_TAG):
+            raise InvalidInputError(f"exchange: tag {tag!r} is not an int in [0, {_FIRST_RESERVED_TAG}) "
+                                    "(ftcomm's own messages use the tags from there up)")
         for p, _ in (*sends, *recvs):
             if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < self.size:
                 raise InvalidInputError(f"exchange: peer {p!r} is not a rank of the communicator (0..{self.size - 1})")

@@ -5,6 +5,7 @@
 Every test runs on every rank; without --with-mpi they are skipped. Values are checked against
 numpy references; results are compared across ranks through an allgather of digests."""
 import hashlib
+import re
 
 import numpy as np
 import pytest
@@ -320,3 +321,58 @@ def test_minmax_of_different_lengths_raises_on_every_rank(comm):
                              r"\(rank \d+ \(world rank \d+\): [23], rank \d+ \(world rank \d+\): [23]\)"):
         comm.minmax([r] * (2 + r % 2), timeout=30)
     assert comm.minmax([r, -r], timeout=30) == ([0, -(n - 1)], [n - 1, 0])
+
+
+@pytest.mark.parametrize("others", ["next step", "reduce_scatter"])
+def test_a_rank_replaying_while_the_others_go_on_raises_on_every_rank(comm, others):
+    # Rank 0 replays the committed step while the others take the next one (or call another
+    # collective): an error on every rank at once, not a wait for the timeout; nothing moves.
+    import ftcomm
+
+    n, r = comm.size, comm.rank
+    x = np.arange(4 * n, dtype=np.float32) + r
+    committed = comm.allreduce(x, timeout=30)
+    before = x.copy()
+    expected = ftcomm.CollectiveMismatchError if others == "reduce_scatter" else ftcomm.InvalidInputError
+    match = "different collectives" if others == "reduce_scatter" else r"different step ids \(rank 0 \(world rank \d+\)"
+    with pytest.raises(expected, match=match):
+        if r == 0:
+            comm.allreduce(x, step=committed, timeout=30)
+        elif others == "next step":
+            comm.allreduce(x, timeout=30)
+        else:
+            comm.reduce_scatter(x, np.zeros(4, np.float32), timeout=30)
+    np.testing.assert_array_equal(x, before)
+    assert comm.last_committed_step == committed
+    assert comm.allreduce(x, step=committed, timeout=30) == committed  # a replay on every rank
+    np.testing.assert_array_equal(x, before)
+
+
+def test_exchange_refuses_ftcomm_own_tags(comm):
+    import ftcomm
+
+    for tag in (7000, 7002, -1, 1.5):
+        with pytest.raises(ftcomm.InvalidInputError, match=f"tag {tag!r} is not an int in"):
+            comm.exchange(sends=[((comm.rank + 1) % comm.size, np.ones(3, np.uint8))], tag=tag)
+    got = np.zeros(3, np.uint8)  # the communicator is as before: a user tag works
+    comm.exchange(sends=[((comm.rank + 1) % comm.size, np.full(3, comm.rank, np.uint8))],
+                  recvs=[((comm.rank - 1) % comm.size, got)], tag=6999, timeout=30)
+    np.testing.assert_array_equal(got, np.full(3, (comm.rank - 1) % comm.size, np.uint8))
+
+
+@pytest.mark.parametrize("bad", [2**63, -2**63, 1.5])
+def test_minmax_value_out_of_range_on_one_rank_raises_on_every_rank(comm, bad):
+    # Rank 1 passes a value the round cannot carry (-2**63 has no negation in int64, 2**63 and 1.5
+    # are no int64): every rank raises, naming it, none waits for its timeout; the round's bounds
+    # themselves are carried exactly.
+    import ftcomm
+
+    n, r = comm.size, comm.rank
+    values = [r, bad if r == 1 else -r, 7]
+    here = rf" \(here: value {re.escape(repr(bad))} at index 1\)" if r == 1 else "$"
+    with pytest.raises(ftcomm.InvalidInputError,
+                       match=r"rank 1 \(world rank \d+\) passed a value outside \(-2\*\*63, 2\*\*63\) "
+                             r"to a min/max round \(Communicator.minmax\)" + here):
+        comm.minmax(values, timeout=30)
+    assert comm.minmax([r, -r, 2**63 - 1, -2**63 + 1], timeout=30) == (
+        [0, -(n - 1), 2**63 - 1, -2**63 + 1], [n - 1, 0, 2**63 - 1, -2**63 + 1])
