@@ -78,7 +78,7 @@ Status Validate(Communicator& comm, RoundKind kind, const char* name, const std:
   local[kMode] = ((opt.checksums ? 1 : 0) | (opt.fingerprints ? 2 : 0) | (opt.commit ? 0 : 4)) * kRankSlots +
                  comm.rank();
   local[kChunkBytes] = static_cast<int64_t>(opt.chunk_bytes) * kRankSlots + comm.rank();
-  if (opt.step < comm.last_committed_step() || (opt.step == comm.last_committed_step() && !IsReplay(comm, opt))) {
+  if (opt.step <= comm.last_committed_step() && !IsReplay(comm, opt)) {
     local[kProblem] = static_cast<int64_t>(InputProblem::kStepNotAfterCommitted);
     local[kProblemRank] = comm.rank();
   }

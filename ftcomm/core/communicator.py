@@ -22,12 +22,12 @@ from .events import RecoveryEvent
 _timeout = settings.resolve_timeout
 # The tags of ftcomm's own messages start here (csrc/core/tags.h); exchange refuses them to users.
 _FIRST_RESERVED_TAG = 7000
+_MAX_CHUNK_BYTES = 1 << 30  # the core's bound (a larger chunk is cut to it)
 
 
 def _is_int64_value(value) -> bool:
     """An int (bools and numpy ints too) that the min/max round carries: in (-2**63, 2**63)."""
     return isinstance(value, (int, np.integer)) and -2**63 < int(value) < 2**63
-_MAX_CHUNK_BYTES = 1 << 30  # the core's bound (a larger chunk is cut to it)
 
 
 def _chunk_bytes(value) -> tuple[int, str]:
@@ -187,7 +187,7 @@ class Communicator:
             CollectiveTimeoutError: no agreement within ``timeout`` seconds.
             RevokedError, ProcFailedError: only if failures keep arriving during the call.
         """
-        if isinstance(flag, bool) or not isinstance(flag, (int, np.integer)) or not 0 <= flag < 2**31:
+        if not p2p.is_index(flag, 2**31):
             raise InvalidInputError(f"agree: flag must be an int in [0, 2**31), not {flag!r}")
         value, _saw_failure = self._core.agree(int(flag), _timeout(timeout))
         return value
@@ -317,13 +317,11 @@ class Communicator:
         """
         values = list(values)
         bad = next(((i, v) for i, v in enumerate(values) if not _is_int64_value(v)), None)
-        ints = [0] * len(values) if bad else [int(v) for v in values]
+        ints = [0] * len(values) if bad is not None else [int(v) for v in values]
         try:
             mins, maxs = _C.minmax(self._core, ints, _timeout(timeout), RoundKind(kind), bad is not None)
-        except CollectiveMismatchError:
-            raise
         except InvalidInputError as error:
-            if bad is None:
+            if bad is None or isinstance(error, CollectiveMismatchError):
                 raise
             raise InvalidInputError(f"{error} (here: value {bad[1]!r} at index {bad[0]})") from None
         return list(mins), list(maxs)
@@ -524,12 +522,11 @@ class Communicator:
         """
         # Checked here, before anything is posted: the core revokes the communicator on any error
         # once transfers are in flight, and a typo in a peer rank should not cost the communicator.
-        if not isinstance(tag, Tag) and (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))
-                                         or not 0 <= tag < _FIRST_RESERVED_TAG):
+        if not isinstance(tag, Tag) and not p2p.is_index(tag, _FIRST_RESERVED_TAG):
             raise InvalidInputError(f"exchange: tag {tag!r} is not an int in [0, {_FIRST_RESERVED_TAG}) "
                                     "(ftcomm's own messages use the tags from there up)")
         for p, _ in (*sends, *recvs):
-            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < self.size:
+            if not p2p.is_index(p, self.size):
                 raise InvalidInputError(f"exchange: peer {p!r} is not a rank of the communicator (0..{self.size - 1})")
         send_list = [(int(p), *raw_buffer(b, writable=False)) for p, b in sends]
         recv_list = [(int(p), *raw_buffer(b, writable=True)) for p, b in recvs]

@@ -60,8 +60,9 @@ def dtype_key(buf) -> int:
     return zlib.crc32(str(getattr(buf, "dtype", type(buf).__name__)).replace("torch.", "").encode()) & 0x7FFFFFFF
 
 
-def _is_rank(value, size: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < size
+def is_index(value, stop: int) -> bool:
+    """An int (numpy ints too, not a bool) in [0, stop): a rank, a tag, an agreement flag."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < stop
 
 
 def allgather(comm, sendbuf, recvbuf, timeout) -> None:
@@ -101,7 +102,7 @@ def broadcast(comm, buf, root, timeout) -> None:
     problem, fields = 0, [0, 0, 0]
     try:
         fields = [buffers.raw(buf, writable=True)[1], dtype_key(buf), 0]
-        if not _is_rank(root, n):
+        if not is_index(root, n):
             problem = _BAD_ROOT
         else:
             fields[2] = int(root)
