@@ -90,7 +90,7 @@ def worker(args) -> None:
     log = elastic.EventLog(os.path.join(args.log_dir, "rank{rank}.jsonl"), comm.world_rank, echo=False)
     if disk and args.resume:
         t0 = time.time()
-        info = checkpoint.restore(opt, comm, args.ckpt_dir)
+        info = checkpoint.restore_latest(opt, model, comm, args.ckpt_dir)
         state.restore(info["meta"])
         log(event="restored", step=info["step"], load_s=time.time() - t0)
     kill_point = "train_step" if disk else "shard_update"
@@ -112,7 +112,7 @@ def worker(args) -> None:
         log(event="step", step=step, world_size=state.comm.size, step_s=now - step_start[0],
             **{f"{k}_s": v for k, v in opt.timing.items()})
         if disk and step % args.ckpt_every == 0:
-            info = checkpoint.save(opt, args.ckpt_dir)
+            info = checkpoint.save(opt, model, args.ckpt_dir)
             log(event="checkpoint", step=step, seconds=info["seconds"], bytes=info["bytes"])
         step_start[0] = time.perf_counter()
 

@@ -39,6 +39,11 @@ def kill_spec(text):
     return int(rank), int(step)
 
 
+def every(text):
+    """--checkpoint-every: a number of steps, or "auto"."""
+    return text if text == "auto" else int(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=15)
@@ -48,6 +53,12 @@ def main():
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK inside the gradient allreduce of "
                              "iteration STEP (counted from 0 over the whole run)")
+    parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
+                                                 "format); a run that finds one there resumes from it")
+    parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
+                        help='steps between checkpoints (default 10), or "auto" (Young/Daly; needs --mtbf)')
+    parser.add_argument("--mtbf", type=float, metavar="SECONDS",
+                        help="with --checkpoint-every auto: mean time between failures that end the whole job")
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
     parser.add_argument("--log-dir", default="results/ddp_train",
                         help="JSON-lines event logs go here (RUNID.rankN.jsonl; ftcomm-report LOG_DIR draws them)")
@@ -72,7 +83,9 @@ def main():
 
     run_id = os.path.basename(ftcomm.settings.run_dir() or "run")  # ftcomm-run's job directory: one per job
     loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer,  # ftcomm
-                                    log_path=os.path.join(args.log_dir, f"{run_id}.rank{{rank}}.jsonl"))
+                                    log_path=os.path.join(args.log_dir, f"{run_id}.rank{{rank}}.jsonl"),
+                                    checkpoint_dir=args.checkpoint_dir,  # with a disk tier: ftcomm-run --restarts
+                                    checkpoint_every=every(args.checkpoint_every), mtbf_s=args.mtbf)
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
         ddp_model.train()

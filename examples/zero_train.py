@@ -41,6 +41,11 @@ def kill_spec(text):
     return int(rank), int(step)
 
 
+def every(text):
+    """--checkpoint-every: a number of steps, or "auto"."""
+    return text if text == "auto" else int(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=15)
@@ -50,6 +55,12 @@ def main():
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK in the shard update of iteration STEP "
                              "(counted from 0 over the whole run)")
+    parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
+                                                 "format); a run that finds one there resumes from it")
+    parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
+                        help='steps between checkpoints (default 10), or "auto" (Young/Daly; needs --mtbf)')
+    parser.add_argument("--mtbf", type=float, metavar="SECONDS",
+                        help="with --checkpoint-every auto: mean time between failures that end the whole job")
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
     args = parser.parse_args()
 
@@ -73,7 +84,10 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
 
     # ftcomm: the scheduler goes in extra_state, so that a promoted spare steps it in time
-    loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer, extra_state=[scheduler])
+    # ftcomm: with --checkpoint-dir, a disk tier too (the job survives its own end: ftcomm-run --restarts)
+    loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer, extra_state=[scheduler],
+                                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=every(args.checkpoint_every),
+                                    mtbf_s=args.mtbf)
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
         ddp_model.train()

@@ -115,6 +115,10 @@ TORCH_ENV = _define("FTCOMM_TORCH_ENV", True, _flag,
                     "import ftcomm.torch fills in RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from MPI")
 TORCH_ASYNC = _define("FTCOMM_TORCH_ASYNC", True, _flag,
                       "run the torch backend's collectives on ftcomm's communication thread")
+RESTART = _define("FTCOMM_RESTART", 0, _count,
+                  "how many times ftcomm-run --restarts has relaunched this job (0: the first launch; set by ftcomm-run)")
+MTBF = _define("FTCOMM_MTBF", None, _seconds,
+               "mean seconds between failures that end the whole job, for checkpoint_every=\"auto\" (Young/Daly)")
 
 # Read by the build (buildtools/ftcomm_build.py, setup.py); documented here so that the README's
 # table can be checked.
@@ -248,6 +252,18 @@ def torch_env() -> bool:
 def torch_async() -> bool:
     """FTCOMM_TORCH_ASYNC: the torch backend runs collectives on its own thread (default on)."""
     return TORCH_ASYNC.get()
+
+
+def restart_count() -> int:
+    """FTCOMM_RESTART: the launch number ``ftcomm-run --restarts`` gives the ranks (0 on the first
+    launch, k on the k-th relaunch); 0 outside ftcomm-run."""
+    return RESTART.get()
+
+
+def mtbf() -> float | None:
+    """FTCOMM_MTBF: mean time between the failures that end the whole job (a lost node, the
+    launcher killed), in seconds, for ``checkpoint_every="auto"``; None when unset."""
+    return MTBF.get()
 
 
 # -- variables ftcomm sets ----------------------------------------------------------------------

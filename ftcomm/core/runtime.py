@@ -109,6 +109,26 @@ def _publish_pid() -> None:
 
 _publish_pid()
 
+_committed_noted = False
+
+
+def note_committed(step: int) -> None:
+    """Called by the training loops after each committed step. The first call in a process
+    leaves ``committed-rank<world rank>`` (holding the step) in the run directory: ftcomm-run
+    --restarts relaunches a job only if it committed a step (a failure before that would only
+    repeat). Later calls cost nothing."""
+    global _committed_noted
+    if _committed_noted:
+        return
+    _committed_noted = True
+    run_dir = settings.run_dir()
+    if run_dir:
+        try:
+            with open(os.path.join(run_dir, f"committed-rank{MPI.COMM_WORLD.Get_rank()}"), "w") as f:
+                f.write(str(int(step)))
+        except OSError:
+            pass
+
 # Set when the program ends by an uncaught exception: its exit status would be 1, but MPI_Finalize
 # may overrun after failures and the watchdog then exits with 0, so the exit report carries it to
 # ftcomm-run, which must not call such a job "recovered".

@@ -54,6 +54,12 @@ class HostMaster:
         for p, host in self._pairs:
             host.grad = None if p.grad is None else device.ops.to_host(p.grad, copy=True)
 
+    def params_from_device(self) -> None:
+        """The device parameters' values into the masters (after a load into the model)."""
+        with torch.no_grad():
+            for p, host in self._pairs:
+                host.copy_(p.detach())
+
     def params_to_device(self) -> None:
         """The masters' values (the engine's committed parameters) into the device parameters,
         synchronised."""

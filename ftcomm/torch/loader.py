@@ -40,13 +40,17 @@ import weakref
 
 import torch
 
+from ..core import runtime
+from ..errors import FtError
 from ..training.events import EventLog
 from . import join, resplit
+from .checkpoint import LoopCheckpoints
+from .checkpoint import entries as checkpoint_entries
 from .divergence import DivergenceGuard
 from .executor import EXECUTOR
 from .grad_outliers import GradOutlierCheck, ddp_hook
 from .process_group import ftcomm_group
-from .step_state import STATE, end_step, install_hook, recoveries
+from .step_state import STATE, end_step, install_hook, recoveries, unpoison
 
 
 class ResilientLoader:
@@ -79,8 +83,19 @@ class ResilientLoader:
         log_path: JSON-lines event log of the run, one file per rank (``{rank}`` is replaced by
             the world rank), in the elastic driver's format (ftcomm/training/events.py): "start",
             "commit" per applied step, "recovered" per recovery (its training ``step`` is the
-            last applied one), "first_commit", and "end" when ``epochs()`` finishes. What
-            ``ftcomm-report`` reads. None (default): no log.
+            last applied one), "first_commit", the checkpoints' events, and "end" when
+            ``epochs()`` finishes. What ``ftcomm-report`` reads. None (default): no log.
+        checkpoint_dir: disk checkpoints of applied steps, in ``torch.distributed.checkpoint``
+            format (``checkpoint.py``: the model, the optimizer (ZeRO shards as shards),
+            ``extra_state``, the loader's position, RNG states); needs ``model``, ``optimizer``,
+            a ``DistributedSampler`` and ``epochs()``. A run that starts with a complete
+            checkpoint there resumes from the newest one at ``epochs()``, at its own world size.
+            None (default): no disk tier.
+        checkpoint_every: a checkpoint after every N-th applied step, written in the background
+            (the step waits only for a copy to host memory); "auto": the Young/Daly interval for
+            ``mtbf_s`` from measured costs; 0 (default): none written (resume only).
+        mtbf_s: for ``checkpoint_every="auto"``: mean seconds between failures that end the whole
+            job (default FTCOMM_MTBF).
 
     Attributes:
         steps_applied: steps whose optimizer update went through (on a promoted spare, counted
@@ -94,12 +109,13 @@ class ResilientLoader:
         TypeError: the process group is not an ftcomm one.
         ValueError: with spare ranks, the loop cannot take a newcomer (no ``model`` or
             ``optimizer``, no ``DistributedSampler``, or not iterated through ``epochs()``);
-            raised on every rank before the first batch.
+            with ``checkpoint_dir``, the same; raised on every rank before the first batch.
     """
 
     def __init__(self, loader, process_group=None, *, model=None, optimizer=None, extra_state=(),
                  check_every: int = 0, fence_window: int = 1000, grad_outliers: str | None = None,
-                 outlier_ratio: float = 100.0, log_path: str | None = None):
+                 outlier_ratio: float = 100.0, log_path: str | None = None, checkpoint_dir: str | None = None,
+                 checkpoint_every: int | str = 0, mtbf_s: float | None = None):
         if check_every and model is None:
             raise ValueError("ftcomm.torch.resilient: check_every needs model= (and optimizer=) to fingerprint")
         self._divergence = DivergenceGuard(check_every, fence_window)
@@ -117,7 +133,14 @@ class ResilientLoader:
         self.epoch = None
         self.joined = False
         self._in_epochs = False
-        self._resume = None  # a newcomer's starting point, from the hand-over
+        self._resume = None  # a newcomer's starting point (the hand-over), or a checkpoint's
+        self._checkpoints = None
+        if checkpoint_dir is not None:
+            if model is None or optimizer is None:
+                raise ValueError("ftcomm.torch.resilient: checkpoint_dir needs model= and optimizer= (what a "
+                                 "checkpoint holds)")
+            self._checkpoints = LoopCheckpoints(checkpoint_dir, checkpoint_every, mtbf_s,
+                                                lambda **event: self._record(self._process_group(), **event))
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -146,6 +169,11 @@ class ResilientLoader:
         if pg.joining:
             self._resume = self._hand_over(pg, None)
             first = self._resume["epoch"]
+        elif self._checkpoints is not None:
+            self._resume = self._checkpoints.resume(pg, self.model, self.optimizer, self.extra_state)
+            if self._resume is not None:
+                first = self._resume["epoch"]
+                self.steps_applied, self.steps_redone = self._resume["steps_applied"], self._resume["steps_redone"]
         self._in_epochs = True
         try:
             for epoch in range(first, count):
@@ -154,6 +182,8 @@ class ResilientLoader:
                 if set_epoch is not None:
                     set_epoch(epoch)
                 yield epoch
+            if self._checkpoints is not None:
+                self._checkpoints.finish(self._process_group())
             self._record(pg, event="end", steps=self.steps_applied, redone_steps=self.steps_redone,
                          world_size=pg.size())
         finally:
@@ -201,6 +231,21 @@ class ResilientLoader:
         if event is not None:
             self._record(pg, event="grad_outlier", step=event.step, ranks=event.ranks, checked=event.checked,
                          action=event.action)
+
+    def _checkpoint(self, pg, loader_state: dict) -> None:
+        """The disk tier after an applied step: a checkpoint due starts (staging only), one in
+        flight is checked (an agreement). A failure in that agreement recovers the group as a
+        failed collective would; the applied step stays applied, and the next one runs on the
+        rebuilt group."""
+        comm = pg.comm
+        try:
+            self._checkpoints.at_step(pg, self.steps_applied, lambda: checkpoint_entries(
+                pg, self.model, self.optimizer, self.extra_state, loader_state))
+        except FtError as error:
+            if not pg.recover_after(comm, "checkpoint", error):
+                raise
+            unpoison()  # no step was running: the next one runs on the rebuilt group as it is
+            self._record_recoveries(pg)
 
     def _check_joinable(self, pg, can_resplit: bool) -> bool:
         """With spares, whether a newcomer could join this loop; else raise (every rank runs
@@ -257,13 +302,18 @@ class ResilientLoader:
         sampler = getattr(self.loader, "sampler", None)
         can_resplit = isinstance(sampler, DistributedSampler) and self.loader.batch_size is not None
         joinable = self._check_joinable(pg, can_resplit)
+        if self._checkpoints is not None and not (can_resplit and self._in_epochs):
+            raise ValueError("ftcomm.torch.resilient with checkpoint_dir needs a DataLoader with a DistributedSampler "
+                             "and a batch_size, iterated as `for epoch in loader.epochs(E): for batch in loader:` "
+                             "(a checkpoint records the epoch and how much of it was used)")
         batch_size = self.loader.batch_size
         resume, self._resume = self._resume, None
         if resume is None:
             plan = None      # None: the sampler's own split of its current epoch
             it = iter(self.loader)
-        else:  # a newcomer's first pass: the survivors' remaining samples of this epoch
-            plan = resplit.carry_on(resume["plan"], resume["used"], pg.size(), drop_last=sampler.drop_last)
+        else:  # a newcomer's first pass, or a resumed run's: the remaining samples of this epoch
+            saved = resume["plan"] or resplit.sampler_plan_at(sampler, resume["plan_size"])
+            plan = resplit.carry_on(saved, resume["used"], pg.size(), drop_last=sampler.drop_last)
             it = self._iter_keeping_rng(plan, pg.rank())
         plan_size = pg.size()
         used = 0             # batches of the current plan whose step was applied
@@ -309,6 +359,11 @@ class ResilientLoader:
                         self._record(pg, event="first_commit", step=self.steps_applied, world_size=pg.size())
                         waiting_first_commit = False
                     self._divergence.after_step(pg, self.model, self.optimizer, self.steps_applied)
+                    runtime.note_committed(self.steps_applied)
+                    if self._checkpoints is not None:
+                        self._checkpoint(pg, {"epoch": self.epoch, "plan": plan, "plan_size": plan_size,
+                                              "used": used * batch_size, "steps_applied": self.steps_applied,
+                                              "steps_redone": self.steps_redone})
                 if pg.generation == generation:
                     if skipped:  # voided without a failure (a gradient outlier): the same batch again
                         redo = batch
@@ -336,15 +391,18 @@ class ResilientLoader:
 
 def resilient(loader, process_group=None, *, model=None, optimizer=None, extra_state=(), check_every: int = 0,
               fence_window: int = 1000, grad_outliers: str | None = None, outlier_ratio: float = 100.0,
-              log_path: str | None = None) -> ResilientLoader:
+              log_path: str | None = None, checkpoint_dir: str | None = None, checkpoint_every: int | str = 0,
+              mtbf_s: float | None = None) -> ResilientLoader:
     """``for batch in ftcomm.torch.resilient(loader):`` -- iterate a DataLoader so that a step
     interrupted by a rank failure is redone over the survivors. With spare ranks, pass ``model``
     and ``optimizer`` and loop over ``.epochs(E)``; ``check_every=M`` compares the ranks' state
     every M steps (silent corruption at rest); ``grad_outliers="log"|"redo"`` watches the ranks'
-    gradient norms (silent corruption in backward). See ``ResilientLoader``."""
+    gradient norms (silent corruption in backward); ``checkpoint_dir=D, checkpoint_every=N``
+    writes asynchronous disk checkpoints and resumes from the newest. See ``ResilientLoader``."""
     return ResilientLoader(loader, process_group, model=model, optimizer=optimizer, extra_state=extra_state,
                            check_every=check_every, fence_window=fence_window, grad_outliers=grad_outliers,
-                           outlier_ratio=outlier_ratio, log_path=log_path)
+                           outlier_ratio=outlier_ratio, log_path=log_path, checkpoint_dir=checkpoint_dir,
+                           checkpoint_every=checkpoint_every, mtbf_s=mtbf_s)
 
 
 # The check of each DDP model whose comm hook it is: DDP takes one hook per model, and a loop may

@@ -25,6 +25,17 @@ def sampler_plan(sampler, num_replicas: int) -> list[list[int]]:
         sampler.rank = saved
 
 
+def sampler_plan_at(sampler, num_replicas: int) -> list[list[int]]:
+    """``sampler_plan`` as a ``DistributedSampler`` over ``num_replicas`` ranks would give it (the
+    size that wrote a checkpoint), whatever its own world size; the sampler is left as it was."""
+    rank, size = sampler.rank, sampler.num_replicas
+    try:
+        reconfigure_sampler(sampler, 0, num_replicas)
+        return sampler_plan(sampler, num_replicas)
+    finally:
+        reconfigure_sampler(sampler, rank, size)
+
+
 def remaining(plan: list[list[int]], used: int) -> list[int]:
     """The indices not yet used when each rank used the first ``used`` entries of its list, in the
     global (interleaved) order, each dataset index once, indices that were already used left out

@@ -80,6 +80,13 @@ def void_current_step() -> None:
         STATE.poisoned = STATE.skipped = True
 
 
+def unpoison() -> None:
+    """A recovery between steps (the loop's checkpoint agreement failed) poisoned no step: the
+    next one runs on the rebuilt group as any step does."""
+    with STATE.lock:
+        STATE.poisoned = False
+
+
 def in_gradient_phase() -> bool:
     """True inside a resilient step before its optimizer step: the collectives of backward, which
     ``step_commit.py`` commits together."""

@@ -17,10 +17,18 @@ seconds, bytes moved), each committed step as a ``commit`` line (ftcomm/training
 the kinds; ``ftcomm-report`` draws and sums them up); rank 0 shows a tqdm bar (step, loss, world
 size). If a shard and all its replicas are lost (StateLostError) the driver falls back to the
 last disk checkpoint when ``checkpoint_dir`` is set, else re-raises.
+
+Disk checkpoints (``checkpoint_dir``, ``checkpoint_every``): asynchronous, in
+``torch.distributed.checkpoint`` format (``ftcomm/training/checkpoint/``): after every
+``checkpoint_every``-th committed step (or at the Young/Daly interval with "auto") each rank copies
+its part to host memory and a background thread writes it. A run started with a complete
+checkpoint in ``checkpoint_dir`` resumes from the newest one, at whatever world size it has now
+(``ftcomm-run --restarts`` relaunches a job that died).
 """
 from __future__ import annotations
 
 import base64
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -32,7 +40,9 @@ from ..core import fault
 from ..core.events import RecoveryEvent
 from ..core.outcome import retrying
 from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError, StateLostError
+from ..core import runtime
 from . import checkpoint
+from .checkpoint import resume, sharded
 from .events import EventLog
 
 
@@ -134,7 +144,7 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy
             fault.point("shrink", comm.world_rank, opt.step_id + 1)
             comm = comm.recover(policy=policy)  # from the latest one, if a rebuild failed
             recover_s += time.perf_counter() - t0
-            report = _rebuild_or_restore(opt, comm, log, checkpoint_dir)
+            report = _rebuild_or_restore(state, comm, log, checkpoint_dir)
     state.restore(opt.committed_meta)
     event = comm.recovery or RecoveryEvent()
     event.lost_world_ranks = sorted(set(before.world_ranks) - set(comm.world_ranks))
@@ -153,26 +163,28 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy
     return log(event="recovered", **event.as_dict())
 
 
-def _rebuild_or_restore(opt, comm, log: EventLog, checkpoint_dir) -> dict:
+def _rebuild_or_restore(state: State, comm, log: EventLog, checkpoint_dir) -> dict:
     """The rebuild from memory, or, when a shard and all its replicas are lost, the disk
     checkpoint (``_disk_fallback``)."""
+    opt = state.optimizer
     try:
         return opt.rebuild(comm)
     except StateLostError as lost:
         if set(comm.world_ranks) - set(opt.layout.world_ranks):
             raise  # a newcomer has nothing to restore a disk checkpoint into: fail uniformly
-        return _disk_fallback(opt, comm, lost, log, checkpoint_dir)
+        return _disk_fallback(state, comm, lost, log, checkpoint_dir)
 
 
-def _disk_fallback(opt, comm, lost: StateLostError, log: EventLog, checkpoint_dir) -> dict:
-    """Restores the last disk checkpoint after a StateLostError, or re-raises it if none."""
+def _disk_fallback(state: State, comm, lost: StateLostError, log: EventLog, checkpoint_dir) -> dict:
+    """Restores the newest complete disk checkpoint after a StateLostError, or re-raises it if
+    there is none."""
+    opt, found = state.optimizer, checkpoint.latest(checkpoint_dir)
     log(event="state_lost", step=opt.step_id, lost_shards=lost.lost_shards,
-        failed_ranks=lost.failed_ranks, message=str(lost),
-        fallback=checkpoint.latest(checkpoint_dir) is not None)
-    if checkpoint.latest(checkpoint_dir) is None:
+        failed_ranks=lost.failed_ranks, message=str(lost), fallback=found is not None)
+    if found is None:
         raise lost
     t0 = time.perf_counter()
-    disk = checkpoint.restore(opt, comm, checkpoint_dir)
+    disk = sharded.restore(opt, state.model, comm, found[1], found[0])
     log(event="disk_restore", step=disk["step"], lost_step=lost.step, bytes_read=disk["bytes_read"])
     return {"bytes_moved": 0, "rebuild_s": time.perf_counter() - t0, "from_replica": [],
             "disk_restore": disk["step"]}
@@ -187,7 +199,7 @@ def _scrub(state: State, log: EventLog, checkpoint_dir) -> None:
     try:
         found = opt.check_state()
     except StateLostError as lost:
-        _disk_fallback(opt, opt.comm, lost, log, checkpoint_dir)
+        _disk_fallback(state, opt.comm, lost, log, checkpoint_dir)
         state.restore(opt.committed_meta)
         return
     if found is not None:
@@ -204,7 +216,7 @@ def _as_stats(value) -> list:
 
 def run(train_step, state: State, *, epochs: int | None = None, steps: int | None = None,
         log_path: str | None = None, progress: bool = True, checkpoint_dir: str | None = None,
-        checkpoint_every: int = 0, on_commit=None, on_recover=None,
+        checkpoint_every: int | str = 0, mtbf_s: float | None = None, on_commit=None, on_recover=None,
         max_recoveries: int = 16, policy: str | None = None, check_every: int = 0) -> Summary:
     """Trains until ``steps`` committed steps (or ``epochs`` epochs), surviving rank failures.
 
@@ -216,8 +228,16 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         epochs / steps: when to stop (one of them).
         log_path: JSON-lines event log (``{rank}`` is replaced by the world rank).
         progress: tqdm bar on rank 0.
-        checkpoint_dir, checkpoint_every: disk checkpoint every M committed steps (0: never),
-            used only when in-memory recovery is impossible (StateLostError).
+        checkpoint_dir: disk checkpoints (``torch.distributed.checkpoint`` format, one
+            directory per checkpoint, the newest two kept). A run that starts with a complete
+            checkpoint there resumes from the newest one, at its own world size (event
+            "resumed"); a StateLostError falls back to it.
+        checkpoint_every: a checkpoint after every M-th committed step, written in the
+            background (the step waits only for a copy to host memory); "auto": at the
+            Young/Daly interval for ``mtbf_s`` from measured costs (event "checkpoint_interval");
+            0 (default): none written.
+        mtbf_s: with ``checkpoint_every="auto"``: mean seconds between failures that end the
+            whole job (default FTCOMM_MTBF).
         on_commit: ``f(state, step, stats)`` after each committed step (stats: summed values,
             the last one the global sample count).
         on_recover: ``f(state, event)`` after each recovery (event: the logged dict, a
@@ -258,9 +278,18 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             on_recover(state, summary.events[-1])
     else:
         opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
+    resumed = None
+    if checkpoint_dir and opt.join_report is None:
+        resumed = _resume(state, checkpoint_dir, log)
     log.record(event="start", step=opt.step_id, world_size=opt.comm.size, total_steps=total,
                policy=policy or "", replicas=getattr(opt, "replicas", None))
     waiting_first_commit = summary.events[-1] if summary.events else None
+    ckpt = None
+    if checkpoint_dir and checkpoint_every:
+        ckpt = checkpoint.AsyncCheckpointer(checkpoint_dir, checkpoint_every, mtbf_s=mtbf_s, log=log,
+                                            timeout=opt.timeout)
+        if resumed is not None:
+            ckpt.schedule.costs.load_s = resumed["load_s"]
 
     def recovered(error: FtError) -> dict:
         """Recovers from ``error`` (or re-raises it past ``max_recoveries``); the event."""
@@ -292,8 +321,12 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         if waiting_first_commit is not None:
             summary.events.append(log(event="first_commit", step=opt.step_id, world_size=opt.comm.size))
             waiting_first_commit = None
-        if checkpoint_dir and checkpoint_every and opt.step_id % checkpoint_every == 0:
-            _checkpoint(opt, state, checkpoint_dir, log, summary)
+        runtime.note_committed(opt.step_id)
+        if ckpt is not None:
+            try:
+                ckpt.at_step(opt.comm, opt.step_id, lambda: _checkpoint_entries(state))
+            except FtError as error:  # the step stays committed; the checkpoint in flight is abandoned
+                waiting_first_commit = recovered(error)
         if on_commit is not None:
             on_commit(state, opt.step_id, summed)
         bar.update(opt.step_id - bar.n)
@@ -304,6 +337,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             except FtError as error:  # the step stays committed; the recovery rebuilds it
                 waiting_first_commit = recovered(error)
     bar.close()
+    if ckpt is not None:
+        _finish_checkpoints(ckpt, opt.comm, log)
     summary.steps, summary.world_size = opt.step_id, opt.comm.size
     summary.redone_steps = sum(n - 1 for s, n in attempts.items() if s <= opt.step_id)
     summary.peak_rss_bytes, summary.replica_bytes = _peak_rss_bytes(), opt.store.nbytes
@@ -312,10 +347,39 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     return summary
 
 
-def _checkpoint(opt, state, directory, log, summary) -> None:
+def _checkpoint_entries(state: State) -> dict:
+    """This rank's part of a checkpoint: its share of the model, its optimizer shard, its metadata."""
+    opt = state.optimizer
+    return {**sharded.model_entries(state.model.state_dict(), opt.comm.rank, opt.comm.size),
+            **sharded.optimizer_entries(opt)}
+
+
+def _finish_checkpoints(ckpt, comm, log: EventLog) -> None:
+    """Completes the checkpoint in flight at the end of training (a failure now abandons it: the
+    run is over, and the previous complete checkpoint stays)."""
     try:
-        info = checkpoint.save(opt, directory)
-        log(event="checkpoint", step=info["step"], bytes=info["bytes"], seconds=round(info["seconds"], 4))
+        ckpt.finish(comm)
     except FtError as error:
-        # The step is committed; the failure surfaces again in the next step and is handled there.
-        log(event="checkpoint_failed", step=opt.step_id, error=str(error))
+        log(event="checkpoint_abandoned", step=ckpt.completed[-1] if ckpt.completed else 0, why=str(error))
+    finally:
+        ckpt.close()
+
+
+def _resume(state: State, checkpoint_dir: str, log: EventLog) -> dict | None:
+    """Loads the newest complete checkpoint, if there is one (every rank agrees which): the
+    optimizer then stands at its step, re-sharded over this job's ranks. Logs "resumed"."""
+    opt = state.optimizer
+    found = resume.agreed_latest(opt.comm, checkpoint_dir, opt.timeout)
+    if found is None:
+        return None
+    t0 = time.perf_counter()
+    loaded = sharded.restore(opt, state.model, opt.comm, found[1], found[0])
+    state.restore(opt.committed_meta)
+    loaded["load_s"] = time.perf_counter() - t0
+    log.record(event="resumed", step=found[0], path=found[1], world_size=opt.comm.size,
+               from_world_size=loaded["from_world_size"], bytes_read=loaded["bytes_read"],
+               load_s=round(loaded["load_s"], 6))
+    if opt.comm.rank == 0:
+        print(f"ftcomm: resumed from {found[1]} (step {found[0]}, written by {loaded['from_world_size']} ranks) at "
+              f"world size {opt.comm.size} in {loaded['load_s']:.2f} s", file=sys.stderr, flush=True)
+    return loaded

@@ -396,15 +396,40 @@ class ShardedOptimizer:
         Raises:
             ProcFailedError etc.: a rank failed; nothing changed.
         """
-        live = storage.allocate(self.live.shape, self.shard_capacity(self.layout), self.host_zeros)
-        live[0] = self.live[0]
         lo, hi = self.layout.bounds(self.comm.rank)
-        for i, name in enumerate(self.stepper.slots[1:], start=1):
-            if name in slots:
-                live[i, : hi - lo] = slots[name][lo:hi]
-        self._replicate_and_agree(live, step=self.step_id, meta=self.committed_meta)
-        self.live, self.scalars = live, scalars
-        self._follow_on_device()
+        self.load_shard({name: values[lo:hi] for name, values in slots.items()}, scalars, self.step_id,
+                        self.committed_meta)
+
+    def load_shard(self, slots: dict, scalars: list | None, step: int, meta: dict, ok: bool = True,
+                   comm=None) -> None:
+        """Makes a loaded state the committed one over ``comm`` (default the current
+        communicator; another one after a failure, the layout then follows it): this rank's shard
+        of each state slot, the parameters as they are now (loaded into the model), at committed
+        ``step`` with ``meta``. Collective: the parameters' allgather, each rank replicates its
+        shard, one agreement (``rebuild.finish``).
+
+        Args:
+            slots: {slot name: float32 array of this rank's shard's real elements under the
+                layout over ``comm`` (``ShardLayout.bounds``)} for the state slots (not "param");
+                a missing slot is zero.
+            scalars: per group, {name: float} or None.
+            ok: False when this rank could not load its part: every rank then raises.
+
+        Raises:
+            ProcFailedError etc.: a rank failed or could not load; nothing changed.
+        """
+        comm = comm or self.comm
+        layout = ShardLayout(self.numel, tuple(comm.world_ranks))
+        lo, hi = layout.bounds(comm.rank)
+        live = storage.allocate(self.shard_shape(layout), self.shard_capacity(layout), self.host_zeros)
+        if ok:
+            params = np.concatenate([p.detach().reshape(-1).cpu().numpy() for p in self.params])
+            live[0, : hi - lo] = params[lo:hi]
+            for i, name in enumerate(self.stepper.slots[1:], start=1):
+                if name in slots:
+                    live[i, : hi - lo] = slots[name]
+        _rebuild.finish(self, comm, layout, live, step, meta, ok)
+        self.scalars = scalars
 
     # -- recovery ------------------------------------------------------------------------
     def rebuild(self, comm) -> dict:

@@ -1,0 +1,228 @@
+"""One checkpoint in ``torch.distributed.checkpoint`` (DCP) format, written by every rank on its
+own and joined into one by a single rank: no collective of torch's runs, so the writes can go on
+in a background thread while training uses the ftcomm communicator.
+
+DCP's own ``save`` plans collectively (a gather of every rank's plan to a coordinator, then a
+gather of the write results). Here every rank knows its part beforehand, so each one runs DCP's
+``save`` alone (``no_dist=True``) with two extensions through DCP's public planner and storage
+interfaces:
+
+- ``_PartPlanner`` writes exactly this rank's entries: a whole tensor (``Whole``), a slice of a
+  1-D tensor that several ranks share (``Piece``: a DCP chunk with its global offset, as a
+  sharded tensor's shard is), or any picklable object (``Blob``);
+- ``_PartWriter`` names its data files ``__{rank}_{n}.distcp`` (DCP's own naming) and, instead of
+  the checkpoint's ``.metadata``, leaves this rank's plan and write results in ``__{rank}.part``.
+
+Once every rank's part is on disk (the caller agrees on that), one rank calls ``join_parts``: it
+merges the parts' metadata (the chunks of each shared tensor, the file offsets of every item) and
+writes the one ``.metadata`` DCP readers look for. The directory is then an ordinary DCP
+checkpoint: ``torch.distributed.checkpoint.load``, ``format_utils.dcp_to_torch_save`` and any
+other DCP reader take it, at any world size. ``read`` loads what one rank needs: whole tensors,
+objects, and slices of shared tensors (re-sharding: a slice may span several writers' chunks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from dataclasses import dataclass
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
+                                                          create_default_local_load_plan)
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
+                                                   TensorProperties, TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWriteData, WriteItem,
+                                                  WriteItemType)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+METADATA = ".metadata"  # DCP's name for a checkpoint's index
+
+
+@dataclass
+class Whole:
+    """A tensor this rank writes whole (nobody else writes it); host memory, contiguous."""
+
+    tensor: torch.Tensor
+
+
+@dataclass
+class Piece:
+    """Elements ``[offset, offset + len(tensor))`` of a 1-D tensor of ``global_len`` elements whose
+    other pieces other ranks write (a ZeRO shard of a flat optimizer-state vector)."""
+
+    tensor: torch.Tensor
+    offset: int
+    global_len: int
+
+
+@dataclass
+class Blob:
+    """Any picklable object (a scheduler's state dict, the data position), stored as bytes."""
+
+    value: object
+
+
+def part_file(rank: int) -> str:
+    return f"__{rank}.part"
+
+
+@dataclass
+class _Prefix:
+    """What DCP's file writer reads from a plan's ``storage_data``: the data files' name prefix."""
+
+    prefix: str
+
+
+def _tensor_item(fqn: str, tensor: torch.Tensor, offsets: tuple, size: torch.Size, kind) -> WriteItem:
+    chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size())
+    return WriteItem(index=MetadataIndex(fqn, list(offsets)), type=kind,
+                     tensor_data=TensorWriteData(chunk=chunk, properties=TensorProperties.create_from_tensor(tensor),
+                                                 size=size))
+
+
+def _write_item(fqn: str, entry) -> WriteItem:
+    if isinstance(entry, Whole):
+        t = entry.tensor
+        return _tensor_item(fqn, t, (0,) * t.dim(), t.size(), WriteItemType.TENSOR)
+    if isinstance(entry, Piece):
+        return _tensor_item(fqn, entry.tensor, (entry.offset,), torch.Size([entry.global_len]), WriteItemType.SHARD)
+    return WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO)
+
+
+class _PartPlanner(DefaultSavePlanner):
+    """Plans the writes of this rank's entries only (DCP's default plans every tensor on every rank
+    and lets the coordinator drop duplicates, which needs the collective planning step)."""
+
+    def __init__(self, entries: dict):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.entries = entries
+
+    def create_local_plan(self) -> SavePlan:
+        self.plan = SavePlan([_write_item(fqn, e) for fqn, e in self.entries.items()])
+        return self.plan
+
+    def lookup_object(self, index: MetadataIndex):
+        # A Piece is a plain tensor at a non-zero offset, which DCP's lookup takes for a sharded
+        # tensor's shard; the state dict holds exactly what is to be written.
+        return self.state_dict[index.fqn]
+
+
+class _PartWriter(FileSystemWriter):
+    """DCP's file writer, with this rank's file names and its share of the metadata in a part file."""
+
+    def __init__(self, path: str, rank: int):
+        super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        self.part_rank = rank
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [dataclasses.replace(p, storage_data=_Prefix(f"__{self.part_rank}_")) for p in plans]
+
+    def finish(self, metadata: Metadata, results) -> None:
+        path = os.path.join(self.path, part_file(self.part_rank))
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump({"metadata": metadata, "results": [r for rs in results for r in rs]}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+
+def write_part(directory: str, rank: int, entries: dict) -> int:
+    """Writes ``entries`` ({fqn: Whole | Piece | Blob}) as rank ``rank``'s part of the checkpoint in
+    ``directory`` (created if needed), every file fsynced. Runs no collective.
+
+    Returns:
+        Bytes written (data files and part file).
+
+    Raises:
+        OSError: the file system refused a write.
+    """
+    os.makedirs(directory, exist_ok=True)
+    state = {fqn: (e.value if isinstance(e, Blob) else e.tensor) for fqn, e in entries.items()}
+    dcp.save(state, storage_writer=_PartWriter(directory, rank), planner=_PartPlanner(entries), no_dist=True)
+    prefix = f"__{rank}_"
+    return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
+               if name.startswith(prefix) or name == part_file(rank))
+
+
+def join_parts(directory: str, ranks: int) -> None:
+    """Merges the part files of ranks ``0 .. ranks-1`` into the checkpoint's ``.metadata`` (the
+    chunks of a shared tensor from every writer; every item's file and offset), fsynced.
+
+    Raises:
+        OSError: a part file is missing or unreadable.
+        ValueError: two parts describe one tensor differently (they come from different runs).
+    """
+    tensors, others, results = {}, {}, []
+    for rank in range(ranks):
+        with open(os.path.join(directory, part_file(rank)), "rb") as f:
+            part = pickle.load(f)
+        results.append(part["results"])
+        for fqn, md in part["metadata"].state_dict_metadata.items():
+            if not isinstance(md, TensorStorageMetadata):
+                others[fqn] = md
+                continue
+            have = tensors.setdefault(fqn, TensorStorageMetadata(md.properties, md.size, []))
+            if have.size != md.size or have.properties.dtype != md.properties.dtype:
+                raise ValueError(f"checkpoint {directory}: rank {rank}'s part describes {fqn} as "
+                                 f"{md.properties.dtype} {tuple(md.size)}, another's as "
+                                 f"{have.properties.dtype} {tuple(have.size)}")
+            have.chunks.extend(md.chunks)
+    FileSystemWriter(directory, sync_files=True).finish(Metadata({**tensors, **others}), results)
+    for rank in range(ranks):
+        os.unlink(os.path.join(directory, part_file(rank)))
+
+
+def is_complete(directory: str) -> bool:
+    """True when ``directory`` holds a joined checkpoint (its ``.metadata``)."""
+    return os.path.exists(os.path.join(directory, METADATA))
+
+
+class _SliceLoader(DefaultLoadPlanner):
+    """Loads whole tensors and objects as DCP does, and for ``slices`` ({fqn: (lo, hi)}) only
+    elements [lo, hi) of a 1-D tensor, from whichever chunks hold them."""
+
+    def __init__(self, slices: dict):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.slices = slices
+
+    def create_local_plan(self) -> LoadPlan:
+        whole = {k: v for k, v in self.state_dict.items() if k not in self.slices}
+        items = create_default_local_load_plan(whole, self.metadata, True).items
+        for fqn, (lo, hi) in self.slices.items():
+            if hi <= lo:
+                continue
+            chunk = ChunkStorageMetadata(offsets=torch.Size([lo]), sizes=torch.Size([hi - lo]))
+            items += create_read_items_for_chunk_list(fqn, self.metadata.state_dict_metadata[fqn], [chunk])
+        return LoadPlan(items)
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        return self.state_dict[index.fqn]  # a slice's destination is a plain tensor, not a shard
+
+
+def read_metadata(directory: str) -> Metadata:
+    """The checkpoint's index: ``state_dict_metadata`` names every entry with its size."""
+    return FileSystemReader(directory).read_metadata()
+
+
+def read(directory: str, tensors: dict, slices: dict | None = None, objects: tuple = ()) -> dict:
+    """Loads from a joined checkpoint, on one rank, without collectives.
+
+    Args:
+        tensors: {fqn: destination tensor}, filled in place (whole tensors, or for a name in
+            ``slices`` a 1-D tensor of ``hi - lo`` elements).
+        slices: {fqn: (lo, hi)}: load only elements [lo, hi) of that 1-D tensor.
+        objects: names of ``Blob`` entries to load.
+
+    Returns:
+        {name: object} for ``objects``.
+
+    Raises:
+        OSError: a file is missing; RuntimeError (torch's): an entry is missing or of another size.
+    """
+    state = dict(tensors)
+    state.update({name: None for name in objects})
+    dcp.load(state, storage_reader=FileSystemReader(directory), planner=_SliceLoader(slices or {}), no_dist=True)
+    return {name: state[name] for name in objects}
