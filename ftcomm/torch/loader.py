@@ -104,6 +104,8 @@ class ResilientLoader:
         last_step_skipped: whether the previous iteration's update was voided.
         epoch: the epoch ``epochs()`` is at (None outside it).
         joined: True on a promoted spare once it has the survivors' state.
+        resumed_from: the step of the disk checkpoint this run resumed from (``checkpoint_dir``),
+            or None.
 
     Raises (when iterating):
         TypeError: the process group is not an ftcomm one.
@@ -132,6 +134,7 @@ class ResilientLoader:
         self.last_step_skipped = False
         self.epoch = None
         self.joined = False
+        self.resumed_from = None
         self._in_epochs = False
         self._resume = None  # a newcomer's starting point (the hand-over), or a checkpoint's
         self._checkpoints = None
@@ -172,7 +175,7 @@ class ResilientLoader:
         elif self._checkpoints is not None:
             self._resume = self._checkpoints.resume(pg, self.model, self.optimizer, self.extra_state)
             if self._resume is not None:
-                first = self._resume["epoch"]
+                first, self.resumed_from = self._resume["epoch"], self._resume["steps_applied"]
                 self.steps_applied, self.steps_redone = self._resume["steps_applied"], self._resume["steps_redone"]
         self._in_epochs = True
         try:
@@ -182,13 +185,20 @@ class ResilientLoader:
                 if set_epoch is not None:
                     set_epoch(epoch)
                 yield epoch
-            if self._checkpoints is not None:
-                self._checkpoints.finish(self._process_group())
+            self.flush_checkpoints()
             self._record(pg, event="end", steps=self.steps_applied, redone_steps=self.steps_redone,
                          world_size=pg.size())
         finally:
             self._in_epochs = False
             self.epoch = None
+
+    def flush_checkpoints(self) -> None:
+        """Waits for the checkpoint being written (``checkpoint_dir``) and completes it: what a
+        loop that stops before ``epochs()`` ends calls, on every rank, so that its last checkpoint
+        is on disk. ``epochs()`` does it at its end. Collective when a write is in flight; a
+        failure abandons that checkpoint (logged), and the complete ones stay."""
+        if self._checkpoints is not None:
+            self._checkpoints.finish(self._process_group())
 
     def _hand_over(self, pg, loader_state):
         state = join.hand_over(pg, self.model, self.optimizer, self.extra_state, loader_state)

@@ -1,0 +1,100 @@
+"""The disk tier of the torch loop (``resilient(..., checkpoint_dir=..., checkpoint_every=N)``):
+resume at a smaller, the same and a larger world size, and kills while a checkpoint is staged,
+written or renamed. Job: tests/jobs/ckpt_torch.py (DDP on 480 toy samples, 8 per rank and step;
+at 3 ranks an epoch is 20 steps)."""
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from ftcomm.training import checkpoint
+from harness import JOBS, run_job
+
+pytestmark = pytest.mark.fault
+JOB = JOBS / "ckpt_torch.py"
+SAMPLES = 480
+
+
+def _run(n, ckpt, *args, fault=""):
+    res = run_job(JOB, n, "--checkpoint-dir", ckpt, *args, env={"FTCOMM_TIMEOUT": "30", "FTCOMM_FAULT": fault},
+                  timeout=120)
+    assert res.returncode == 0, res.describe()
+    return res
+
+
+def _one(res, **match) -> dict:
+    """The report every rank made alike (e.g. the same hash): one value, checked equal on all."""
+    found = res.by_rank(**match)
+    assert found, res.describe()
+    values = {tuple(sorted((k, str(v)) for k, v in r.items() if k != "world_rank")) for r in found.values()}
+    assert len(values) == 1, found
+    return next(iter(found.values()))
+
+
+def _ids(res, epoch, up_to=None) -> Counter:
+    return Counter(i for r in res.reports if r["event"] == "used" and r["epoch"] == epoch
+                   and (up_to is None or r["step"] <= up_to) for i in r["ids"])
+
+
+@pytest.fixture(scope="module")
+def stopped_at_12(tmp_path_factory):
+    """A ZeRO run at 3 ranks stopped after step 12 (mid-epoch 0), its checkpoints (8 and 12)."""
+    ckpt = tmp_path_factory.mktemp("stopped") / "ckpt"
+    res = _run(3, ckpt, "--stop-at", "12")
+    assert checkpoint.complete_steps(ckpt) == [8, 12]
+    return ckpt, res
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_resume_at_another_world_size_is_the_checkpoint_bitwise_and_uses_each_sample_once(
+        stopped_at_12, tmp_path, size):
+    saved, first = stopped_at_12
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    res = _run(size, ckpt)
+    resumed = _one(res, event="resumed")
+    assert resumed["step"] == 12 and resumed["size"] == size
+    assert resumed["hash"] == _one(first, event="state", step=12)["hash"]  # re-sharded, bitwise
+    # epoch 0: the first 12 steps at 3 ranks, the rest dealt over the new ranks; each sample once
+    epoch0 = _ids(first, 0, up_to=12) + _ids(res, 0)
+    assert sorted(epoch0) == list(range(SAMPLES)) and set(epoch0.values()) == {1}, epoch0.most_common(3)
+    assert sorted(_ids(res, 1)) == list(range(SAMPLES)) and set(_ids(res, 1).values()) == {1}
+    steps_left = (SAMPLES - 12 * 3 * 8) // (size * 8) + SAMPLES // (size * 8)
+    assert _one(res, event="done")["steps"] == 12 + steps_left
+
+
+@pytest.mark.parametrize("optimizer", ["zero", "ddp"])
+def test_resume_at_the_same_world_size_reads_and_draws_as_the_run_without_a_stop(stopped_at_12, tmp_path, optimizer):
+    whole = _run(3, tmp_path / "whole", "--optimizer", optimizer)
+    ckpt = tmp_path / "ckpt"
+    if optimizer == "zero":
+        shutil.copytree(stopped_at_12[0], ckpt)
+    else:
+        _run(3, ckpt, "--optimizer", optimizer, "--stop-at", "12")
+    twice = tmp_path / "twice"
+    shutil.copytree(ckpt, twice)
+    res = _run(3, ckpt, "--optimizer", optimizer)
+    assert _one(res, event="resumed")["step"] == 12
+    # the same samples in the same order on every rank, from the same RNG state (dropout)
+    for step in range(13, 41):
+        assert res.by_rank(event="used", step=step) == whole.by_rank(event="used", step=step), step
+    # A fresh DDP groups its first step's gradients in another order than a trained one (DDP
+    # regroups them after its first backward), so the ring sums that one step in another order:
+    # the run ends within float rounding of the one without a stop, and bitwise where another
+    # resume from the same checkpoint ends.
+    ours, theirs = np.array(_one(res, event="done")["params"]), np.array(_one(whole, event="done")["params"])
+    assert np.abs(ours - theirs).max() < 1e-4, np.abs(ours - theirs).max()
+    assert _one(_run(3, twice, "--optimizer", optimizer), event="done")["hash"] == _one(res, event="done")["hash"]
+
+
+@pytest.mark.parametrize("point,rank", [("checkpoint_stage", 1), ("checkpoint_write", 1), ("checkpoint_rename", 0)])
+def test_a_kill_while_a_checkpoint_is_made_leaves_the_previous_one_loadable(tmp_path, point, rank):
+    ckpt = tmp_path / "ckpt"
+    res = _run(3, ckpt, "--stop-at", "10", fault=f"rank={rank},point={point},step=8")
+    done = res.by_rank(event="done")
+    assert sorted(done) == sorted({0, 1, 2} - {rank}) and all(d["size"] == 2 for d in done.values())
+    assert checkpoint.complete_steps(ckpt) == [4]  # step 8's never became visible
+    again = _run(2, ckpt, "--stop-at", "6")
+    resumed = _one(again, event="resumed")
+    assert resumed["step"] == 4 and resumed["hash"] == _one(res, event="state", step=4)["hash"]
