@@ -180,6 +180,7 @@ class LoopCheckpoints:
     def __init__(self, directory: str, every, mtbf_s: float | None, log):
         self.directory, self.log = directory, log
         self.writer = AsyncCheckpointer(directory, every, mtbf_s=mtbf_s, log=log) if every else None
+        self._recoveries_seen = 0
 
     def resume(self, pg, model, optimizer, extra_state) -> dict | None:
         """The newest complete checkpoint loaded (every rank agrees which), or None."""
@@ -196,10 +197,18 @@ class LoopCheckpoints:
                   f"{state['load_s']:.2f} s", file=sys.stderr, flush=True)
         return state
 
-    def at_step(self, pg, step: int, make_entries) -> None:
-        """After an applied step (collective while a write is in flight; see AsyncCheckpointer)."""
-        if self.writer is not None:
-            self.writer.at_step(pg.comm, step, make_entries)
+    def at_step(self, pg, step: int, make_entries, recoveries: list) -> None:
+        """After an applied step (collective while a write is in flight; see AsyncCheckpointer).
+        ``recoveries``: the process's recoveries so far: the first step applied after one gives
+        its in-memory MTTR, which "auto" logs with its choices."""
+        if self.writer is None:
+            return
+        if len(recoveries) > self._recoveries_seen:
+            self._recoveries_seen = len(recoveries)
+            detected = recoveries[-1].detected_time
+            if detected:
+                self.writer.schedule.note_warm_recovery(time.time() - detected)
+        self.writer.at_step(pg.comm, step, make_entries)
 
     def finish(self, pg) -> None:
         """At the end of the loop: completes the write in flight (a failure abandons it)."""

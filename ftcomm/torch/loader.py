@@ -250,7 +250,7 @@ class ResilientLoader:
         comm = pg.comm
         try:
             self._checkpoints.at_step(pg, self.steps_applied, lambda: checkpoint_entries(
-                pg, self.model, self.optimizer, self.extra_state, loader_state))
+                pg, self.model, self.optimizer, self.extra_state, loader_state), recoveries())
         except FtError as error:
             if not pg.recover_after(comm, "checkpoint", error):
                 raise

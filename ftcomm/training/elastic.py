@@ -320,6 +320,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         summary.losses.append((opt.step_id, float(loss)))
         if waiting_first_commit is not None:
             summary.events.append(log(event="first_commit", step=opt.step_id, world_size=opt.comm.size))
+            if ckpt is not None and waiting_first_commit.get("detected_time"):
+                ckpt.schedule.note_warm_recovery(time.time() - waiting_first_commit["detected_time"])
             waiting_first_commit = None
         runtime.note_committed(opt.step_id)
         if ckpt is not None:

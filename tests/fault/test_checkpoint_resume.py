@@ -2,6 +2,8 @@
 resume at a smaller, the same and a larger world size, and kills while a checkpoint is staged,
 written or renamed. Job: tests/jobs/ckpt_torch.py (DDP on 480 toy samples, 8 per rank and step;
 at 3 ranks an epoch is 20 steps)."""
+import json
+import math
 import shutil
 from collections import Counter
 
@@ -98,3 +100,26 @@ def test_a_kill_while_a_checkpoint_is_made_leaves_the_previous_one_loadable(tmp_
     again = _run(2, ckpt, "--stop-at", "6")
     resumed = _one(again, event="resumed")
     assert resumed["step"] == 4 and resumed["hash"] == _one(res, event="state", step=4)["hash"]
+
+
+def test_auto_interval_is_chosen_alike_on_every_rank_and_logged(tmp_path):
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    res = run_job(JOB, 3, "--checkpoint-dir", ckpt, "--every", "auto", "--log", logs,
+                  env={"FTCOMM_TIMEOUT": "30", "FTCOMM_MTBF": "30"}, timeout=120)
+    assert res.returncode == 0, res.describe()
+    events = {rank: [json.loads(line) for line in (logs / f"rank{rank}.jsonl").read_text().splitlines()]
+              for rank in range(3)}
+    choices = {rank: [(e["step"], e["steps"]) for e in ev if e["event"] == "checkpoint_interval"]
+               for rank, ev in events.items()}
+    assert choices[0] and choices[0] == choices[1] == choices[2], choices
+    for e in (e for ev in events.values() for e in ev if e["event"] == "checkpoint_interval"):
+        # the rank's own proposal is Young/Daly of what it measured; the agreed one is the smallest
+        assert e["interval_s"] == pytest.approx(math.sqrt(2 * e["checkpoint_s"] * (30 + e["restart_s"])), rel=1e-4)
+        assert e["steps"] <= e["proposed_steps"] * 1.42 and e["restart_s"] > 0
+    written = [e["step"] for e in events[0] if e["event"] == "checkpoint"]
+    assert written[0] == 8  # the first one measures
+    # each later start is one agreed interval after the previous start (or later, if skipped)
+    chosen = dict(choices[0])
+    for before, after in zip(written, written[1:]):
+        assert after - before >= chosen.get(before, 8), (written, chosen)
+    assert checkpoint.complete_steps(ckpt)[-1] == written[-1]

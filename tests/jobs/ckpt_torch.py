@@ -2,7 +2,8 @@
 with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on every rank
 (``--optimizer ddp``); an LR scheduler as extra state.
 
-    --checkpoint-dir D --every N    checkpoints (resumes from the newest one in D)
+    --checkpoint-dir D --every N    checkpoints (resumes from the newest one in D); N may be "auto"
+    --log DIR                       the loop's event log (checkpoint events among them)
     --stop-at S                     ends after applied step S, with its checkpoint on disk
 Kills come from FTCOMM_FAULT (points checkpoint_stage, checkpoint_write, checkpoint_publish,
 checkpoint_rename, or any other).
@@ -30,6 +31,7 @@ p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--stop-at", type=int)
 p.add_argument("--samples", type=int, default=480)
 p.add_argument("--batch", type=int, default=8)
+p.add_argument("--log", help="the loop's event log goes here (rank{rank}.jsonl)")
 args = p.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -44,7 +46,8 @@ else:
 scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.9)
 every = args.every if args.every == "auto" else int(args.every)
 loop = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, extra_state=[scheduler],
-                              checkpoint_dir=args.checkpoint_dir, checkpoint_every=every)
+                              checkpoint_dir=args.checkpoint_dir, checkpoint_every=every,
+                              log_path=args.log and f"{args.log}/rank{{rank}}.jsonl")
 
 
 def state_hash() -> str:

@@ -144,7 +144,7 @@ def test_auto_schedule_restarts_the_same_everywhere_after_a_new_group():
     a.adopt(interval.thermometer(2))  # a survivor that had measured and chosen
     a.restart_from(57)
     b.restart_from(57)  # a promoted spare, fresh
-    every = interval.steps_of(interval.bucket_of(interval.AUTO_FIRST_STEP))
+    every = interval.steps_of(interval.FIRST_BUCKET)
     first = (57 // every + 1) * every
     assert [x for x in range(58, 99) if a.due(x)][:1] == [x for x in range(58, 99) if b.due(x)][:1] == [first]
 

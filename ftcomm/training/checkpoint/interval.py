@@ -25,11 +25,12 @@ the smallest proposal. Buckets are powers of sqrt(2) steps: 1, 1.4, 2, ... up to
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from ... import settings
 
-AUTO_FIRST_STEP = 10  # the first checkpoint under "auto" measures the costs
+FIRST_BUCKET = 6      # "auto" starts every 8 steps: the first checkpoint measures the costs
 BUCKETS = 29          # thermometer bits 0..28 of the agreement value (bits 2..30 of the int)
 _EMA = 0.3            # weight of a new measurement
 
@@ -58,6 +59,18 @@ def thermometer(bucket: int) -> int:
 def from_thermometer(bits: int) -> int:
     """The bucket a thermometer code (or the AND of several) stands for."""
     return max(0, (bits & ((1 << BUCKETS) - 1)).bit_length() - 1)
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), or None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -105,14 +118,14 @@ class Schedule:
             if self.mtbf_s is None or not self.mtbf_s > 0:
                 raise ValueError('checkpoint_every="auto" needs the MTBF of the failures that end the job: '
                                  f"mtbf_s= or FTCOMM_MTBF (seconds), not {mtbf_s!r}")
-            self.every, self.next_step = None, AUTO_FIRST_STEP
+            self.every, self.next_step = None, steps_of(FIRST_BUCKET)
         else:
             if isinstance(every, bool) or not isinstance(every, int) or every < 1:
                 raise ValueError(f'checkpoint_every must be a number of steps >= 1 or "auto", not {every!r}')
             self.every, self.next_step, self.mtbf_s = every, every, None
         self.costs = Costs()
         self.last_choice: dict | None = None
-        self.bucket = bucket_of(AUTO_FIRST_STEP)  # the agreed choice under "auto"
+        self.bucket = FIRST_BUCKET  # the agreed choice under "auto"
         self.last_start: int | None = None
 
     def due(self, step: int) -> bool:
@@ -126,7 +139,7 @@ class Schedule:
         first choice, due at the next multiple of its interval after ``step``. Every rank, a
         promoted spare included, computes the same from the same step."""
         if self.auto:
-            self.bucket, self.last_start = bucket_of(AUTO_FIRST_STEP), None
+            self.bucket, self.last_start = FIRST_BUCKET, None
             every = steps_of(self.bucket)
             self.next_step = (step // every + 1) * every
 
@@ -137,6 +150,16 @@ class Schedule:
             self.next_step = step + steps_of(self.bucket)
 
     # -- measurements ----------------------------------------------------------------------
+    def note_first_commit(self) -> None:
+        """This launch's first committed step: its start-up so far is a cold restart's share."""
+        if self.costs.startup_s is None:
+            self.costs.startup_s = process_age_s()
+
+    def note_warm_recovery(self, seconds: float) -> None:
+        """An in-memory recovery's MTTR (failure to the first commit after it): logged with the
+        choices (it rolls nothing back, so it does not enter T)."""
+        self.costs.warm_mttr_s = seconds
+
     def note_step(self, seconds: float, writing: bool) -> None:
         if writing:
             self.costs.busy_step_s = _ema(self.costs.busy_step_s, seconds)

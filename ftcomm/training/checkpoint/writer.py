@@ -120,6 +120,7 @@ class AsyncCheckpointer:
                 failed step).
         """
         now = time.perf_counter()
+        self.schedule.note_first_commit()
         if self._boundary is not None and comm is self._comm:
             self.schedule.note_step(now - self._boundary, writing=self._write is not None)
         if comm is not self._comm:
