@@ -2,28 +2,32 @@
 train again, all measured in one run.
 
     python benchmarks/checkpoint.py                            # 10M and 100M parameters, 4 ranks
-    python benchmarks/checkpoint.py --sizes 10M --rounds 3 --out results/checkpoint
+    python benchmarks/checkpoint.py --sizes 10M --cycles 3 --out results/checkpoint
 
 The job: DDP over the "ftcomm" backend with ``ftcomm.torch.ZeroRedundancyOptimizer`` (AdamW, one
-replica) on the MLP of benchmarks/mttr.py, in a ``resilient`` loop. One job per lane and round,
-the lanes in a fresh random order each round:
+replica) on the MLP of benchmarks/mttr.py, in a ``resilient`` loop. The lanes share one job (the
+machine's load changes from one job to the next; the lanes see the same), in phases of 20 steps,
+each lane once per cycle in a fresh random order:
 
 - ``none``: no checkpoint;
-- ``async1``, ``async10``: ftcomm's asynchronous checkpoints every step, every 10 steps
-  (``resilient(checkpoint_dir=..., checkpoint_every=N)``);
-- ``sync10``: every 10 steps each rank ``torch.save``s its share (its slice of the model, its
+- ``async1``, ``async10``: ftcomm's asynchronous checkpoints (``AsyncCheckpointer``, what
+  ``resilient(checkpoint_dir=..., checkpoint_every=N)`` runs) every step, and every 10 steps
+  (at steps 5 and 15 of the phase);
+- ``sync10``: at steps 5 and 15 each rank ``torch.save``s its share (its slice of the model, its
   optimizer shard) and fsyncs, then a barrier: the step waits for the disk;
-- ``dcp10``: every 10 steps torch's own ``torch.distributed.checkpoint.async_save`` of the same
-  bytes (each rank its shard under names of its own, over a gloo group), waiting for the previous
-  one first, as torch's documentation does.
+- ``dcp10``: at steps 5 and 15 torch's own ``torch.distributed.checkpoint.async_save`` of the
+  same bytes (each rank its share under names of its own, over a gloo group), waiting for the
+  previous one first, as torch's documentation does.
 
-Step time = from one loop body's start to the next one's (staging, agreements, data, all of it).
-Reported per lane: the median and the mean step time, their ratio to ``none``'s, and, for ftcomm's
-lanes, the staging stall per checkpoint and its share of the steps between two checkpoints.
+At a phase's end the writes still running are waited for; that step is left out. Step time = from
+one loop body's start to the next one's (staging, agreements, data, all of it). Reported per lane:
+the median and the mean step time and their ratio to ``none``'s, and the stall per checkpoint
+(staging for ftcomm, the whole save for ``sync10``, the call for ``dcp10``) and its share of the
+10 steps between two checkpoints.
 
-Write throughput: after training, in the ``async10`` job, every rank writes its checkpoint part
+Write throughput: after training, every rank writes its checkpoint part
 with the background writer's own code and, alternately, the same bytes with one sequential write
-and fsync (all ranks at once, three times each): the ratio is the format's cost on this disk. The
+and fsync (all ranks at once, five times each, in alternating order): the ratio is the format's cost on this disk. The
 writes that ran beside training are reported too (bytes / seconds of each background write).
 
 Relaunch (``--relaunch``, on by default): 2 made-up nodes x 2 ranks (``ftcomm-run --fake-nodes
@@ -55,7 +59,8 @@ SCRIPT_START = time.time()  # before the heavy imports, for the start-up figures
 REPO = Path(__file__).resolve().parent.parent
 SIZES = {"1M": 1_000_000, "10M": 10_000_000, "100M": 100_000_000}
 LANES = ("none", "async1", "async10", "sync10", "dcp10")
-WARMUP = 3  # steps left out of the step-time figures (first touches, DDP's bucket rebuild)
+PHASE = 20  # steps per lane and cycle
+WARMUP = 5  # steps left out of the step-time figures (first touches, DDP's bucket rebuild)
 
 
 # ------------------------------------------------------------------ worker (inside ftcomm-run)
@@ -99,14 +104,15 @@ def _sync_save(path: str, entries: dict) -> int:
 
 def _throughput(args, log, pg, part: dict) -> None:
     """The background writer's code against one sequential write of the same bytes, alternately,
-    every rank at once."""
+    every rank at once, five times (the disk here is shared: its speed varies by 4x from one
+    second to the next)."""
     from ftcomm.training.checkpoint import Blob, dcp_parts
     from ftcomm.training.checkpoint.staging import StagingBuffers
 
     staged = StagingBuffers().stage(part)
     tensors = [e.tensor for e in staged.values() if not isinstance(e, Blob)]
-    for round_ in range(3):
-        for how in ("ftcomm", "plain"):
+    for round_ in range(5):
+        for how in ("ftcomm", "plain") if round_ % 2 == 0 else ("plain", "ftcomm"):
             target = os.path.join(args.ckpt_dir, f"bench-{how}-{round_}")
             pg.comm.barrier()
             t0 = time.perf_counter()
@@ -122,9 +128,9 @@ def _throughput(args, log, pg, part: dict) -> None:
 
 
 def _kill_node(log, pg, pids: dict, node: str, step: int) -> None:
-    """Relaunch lane: the lowest rank of ``node`` SIGKILLs the node's PRRTE daemon (its parent),
-    its node peers, and itself: a node crash, which ends the whole job under PRRTE 3."""
-    mine = [w for w, (n, _, _) in pids.items() if n == node]
+    """Relaunch: the lowest rank of ``node`` SIGKILLs the node's PRRTE daemon (its parent), its
+    node peers, and itself: a node crash, which ends the whole job under PRRTE 3."""
+    mine = [w for w, (n, _) in pids.items() if n == node]
     if pg.comm.world_rank != min(mine):
         return
     log(event="kill", step=step)
@@ -135,10 +141,66 @@ def _kill_node(log, pg, pids: dict, node: str, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _phases(cycles: int) -> list:
+    """The lane of each phase: every lane once per cycle, in a fresh random order each cycle (the
+    same on every rank)."""
+    order = []
+    for cycle in range(cycles):
+        lanes = list(LANES)
+        random.Random(cycle).shuffle(lanes)
+        order += lanes
+    return order
+
+
+class LaneActions:
+    """What each lane does after an applied step ``k`` (1..PHASE) of its phase, and at the phase's
+    end (``drain``: the writes still running are waited for, outside the timed steps)."""
+
+    def __init__(self, args, log, pg, entries):
+        from ftcomm.training.checkpoint import AsyncCheckpointer
+
+        self.args, self.log, self.pg, self.entries = args, log, pg, entries
+        self.writers = {every: AsyncCheckpointer(os.path.join(args.ckpt_dir, f"async{every}"), every,
+                                                 log=lambda every=every, **e: log(lane=f"async{every}", **e))
+                        for every in (1, 10)}
+        self.gloo, self.pending = None, None
+
+    def after_step(self, lane: str, phase: int, k: int) -> None:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        comm = self.pg.comm
+        if lane == "async1":
+            self.writers[1].at_step(comm, phase * PHASE + k, self.entries)
+        elif lane == "async10":
+            self.writers[10].at_step(comm, phase * PHASE + k + 5, self.entries)  # starts at k = 5 and 15
+        elif lane == "sync10" and k % 10 == 5:
+            c0 = time.perf_counter()
+            nbytes = _sync_save(os.path.join(self.args.ckpt_dir, f"sync-rank{comm.rank}.pt"), self.entries())
+            comm.barrier()
+            self.log(event="sync_save", lane=lane, bytes=nbytes, seconds=time.perf_counter() - c0)
+        elif lane == "dcp10" and k % 10 == 5:
+            c0 = time.perf_counter()
+            if self.gloo is None:
+                self.gloo = dist.new_group(backend="gloo")
+            if self.pending is not None:
+                self.pending.result()
+            state = {f"r{comm.rank}.{n}": e.tensor for n, e in self.entries().items() if hasattr(e, "tensor")}
+            self.pending = dcp.async_save(state, process_group=self.gloo,
+                                          checkpoint_id=os.path.join(self.args.ckpt_dir, f"dcp{phase}-{k}"))
+            self.log(event="dcp_stall", lane=lane, seconds=time.perf_counter() - c0)
+
+    def drain(self) -> None:
+        for writer in self.writers.values():
+            writer.finish(self.pg.comm)
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -161,77 +223,66 @@ def worker(args) -> None:
     model = mttr.make_model(args.params)
     ddp = DDP(model)
     opt = ftcomm.torch.ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.AdamW, lr=1e-4, replicas=1)
+    relaunch = args.lane == "relaunch"
+    phases = _phases(args.cycles)
+    steps = args.steps if relaunch else len(phases) * PHASE
     gen = torch.Generator().manual_seed(1)
-    n = 64 * pg.size() * (args.steps + 5)
+    n = 64 * pg.size() * (steps + 5)
     data = TensorDataset(torch.randn(n, 256, generator=gen), torch.randint(0, 10, (n,), generator=gen))
-    sampler = DistributedSampler(data, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=64, sampler=sampler)
-    every = {"async1": 1, "async10": 10, "relaunch": 10}.get(args.lane, 0)
-    loop = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, checkpoint_dir=args.ckpt_dir if every else None,
-                                  checkpoint_every=every,
-                                  log_path=os.path.join(args.log_dir, "loop.rank{rank}.jsonl"))
-    gloo = dist.new_group(backend="gloo") if args.lane == "dcp10" else None
-    pids = {}
-    if args.lane == "relaunch":  # every rank's node and pid, and its daemon's, while all are alive
-        ours = json.dumps([pg.comm.world_rank, ftcomm.settings.node_name_override(), os.getpid()])
-        gathered = [None] * pg.size()
-        dist.all_gather_object(gathered, ours)
-        pids = {w: (node, pid, None) for w, node, pid in map(json.loads, gathered)}
-    pending, last = None, None
+    loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data, shuffle=True, seed=0))
+    loop = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, checkpoint_dir=args.ckpt_dir if relaunch else None,
+                                  checkpoint_every=10, log_path=os.path.join(args.log_dir, "loop.rank{rank}.jsonl"))
     os.makedirs(args.ckpt_dir, exist_ok=True)
+    entries = lambda: torch_checkpoint.entries(pg, ddp, opt, [], {"epoch": 0})  # noqa: E731
+    actions = None if relaunch else LaneActions(args, log, pg, entries)
+    pids = {}
+    if relaunch:  # every rank's node and pid, while all are alive
+        gathered = [None] * pg.size()
+        dist.all_gather_object(gathered, [pg.comm.world_rank, ftcomm.settings.node_name_override(), os.getpid()])
+        pids = {w: (node, pid) for w, node, pid in gathered}
+    last = None
     for _ in loop.epochs(10**6):
         for x, y in loop:
-            now = time.perf_counter()
-            if last is not None:
-                log(event="step", step=loop.steps_applied, step_s=now - last)
+            now, done = time.perf_counter(), loop.steps_applied
+            phase, k = divmod(done - 1, PHASE)
+            if last is not None and done > WARMUP and (relaunch or k + 1 < PHASE):  # not a phase's drained step
+                log(event="step", step=done, step_s=now - last, lane="relaunch" if relaunch else phases[phase])
             last = now
-            if loop.steps_applied >= args.steps:
+            if done >= steps:
                 break
-            if args.lane == "relaunch" and restart == 0 and loop.steps_applied == args.kill_step:
-                _kill_node(log, pg, pids, "n2", loop.steps_applied)
+            if relaunch and restart == 0 and done == args.kill_step:
+                _kill_node(log, pg, pids, "n2", done)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
-            step = loop.steps_applied + 1
-            if loop.step_skipped or step % 10:
+            if actions is None or loop.step_skipped:
                 continue
-            share = lambda: torch_checkpoint.entries(pg, ddp, opt, [], {"epoch": 0})  # noqa: E731
-            if args.lane == "sync10":
-                c0 = time.perf_counter()
-                nbytes = _sync_save(os.path.join(args.ckpt_dir, f"sync-rank{pg.comm.rank}.pt"), share())
-                pg.comm.barrier()
-                log(event="sync_save", step=step, bytes=nbytes, seconds=time.perf_counter() - c0)
-            elif args.lane == "dcp10":
-                c0 = time.perf_counter()
-                if pending is not None:
-                    pending.result()
-                state = {f"r{pg.comm.rank}.{k}": e.tensor for k, e in share().items() if hasattr(e, "tensor")}
-                pending = dcp.async_save(state, checkpoint_id=os.path.join(args.ckpt_dir, f"dcp{step}"),
-                                         process_group=gloo)
-                log(event="dcp_stall", step=step, seconds=time.perf_counter() - c0)
-        if loop.steps_applied >= args.steps:
+            phase, k = divmod(done, PHASE)  # the step just applied: done + 1
+            actions.after_step(phases[phase], phase, k + 1)
+            if k + 1 == PHASE:
+                actions.drain()
+        if loop.steps_applied >= steps:
             break
     loop.flush_checkpoints()
-    if pending is not None:
-        pending.result()
     log(event="done", steps=loop.steps_applied, size=pg.size())
-    if args.lane == "async10":
-        _throughput(args, log, pg, torch_checkpoint.entries(pg, ddp, opt, [], {"epoch": 0}))
+    if not relaunch:
+        _throughput(args, log, pg, entries())
     dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ driver
-def launch(args, lane: str, params: int, log_dir: Path, launcher=(), steps=None) -> tuple[dict, float]:
+def launch(args, lane: str, params: int, log_dir: Path, launcher=()) -> tuple[dict, float]:
     ckpt = log_dir / "ckpt"
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
     cmd = [sys.executable, "-m", "ftcomm.launch", "-n", str(args.ranks), "--timeout", str(args.job_timeout),
            *launcher, sys.executable, __file__, "--worker", "--lane", lane, "--params", str(params),
-           "--steps", str(steps or args.steps), "--kill-step", "25", "--ckpt-dir", str(ckpt), "--log-dir", str(log_dir)]
+           "--cycles", str(args.cycles), "--steps", "40", "--kill-step", "25", "--ckpt-dir", str(ckpt),
+           "--log-dir", str(log_dir)]
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
-        print(f"lane {lane} failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+        print(f"{lane} job failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
     shutil.rmtree(ckpt, ignore_errors=True)
     events = []
     for path in glob.glob(str(log_dir / "*.jsonl")):
@@ -246,22 +297,29 @@ def _median(values):
 
 
 def lane_figures(events: list, lane: str) -> dict:
-    steps = [e["step_s"] for e in events if e["event"] == "step" and e["step"] > WARMUP]
-    out = {"median_step_s": _median(steps), "mean_step_s": statistics.fmean(steps) if steps else None}
-    ckpts = [e for e in events if e["event"] == "checkpoint"]
+    """Step times of the lane's phases (every rank), its stalls and writes."""
+    mine = [e for e in events if e.get("lane") == lane]
+    steps = [e["step_s"] for e in mine if e["event"] == "step"]
+    out = {"median_step_s": _median(steps), "mean_step_s": statistics.fmean(steps) if steps else None,
+           "steps": len(steps)}
+    ckpts = [e for e in mine if e["event"] == "checkpoint"]
     if ckpts:
         out.update(stall_s=_median(e["stall_s"] for e in ckpts), write_s=_median(e["write_s"] for e in ckpts),
                    part_bytes=_median(e["bytes"] for e in ckpts), checkpoints=len({e["step"] for e in ckpts}),
-                   skipped=len({e["step"] for e in events if e["event"] == "checkpoint_skipped"}),
+                   skipped=len({e["step"] for e in mine if e["event"] == "checkpoint_skipped"}),
                    write_bytes_per_s=_median(e["bytes"] / e["write_s"] for e in ckpts))
-    for kind in ("sync_save", "dcp_stall"):
-        found = [e["seconds"] for e in events if e["event"] == kind]
-        if found:
-            out["stall_s"] = _median(found)
+    stalls = [e["seconds"] for e in mine if e["event"] in ("sync_save", "dcp_stall")]
+    if stalls:
+        out["stall_s"] = _median(stalls)
+    return out
+
+
+def throughput_figures(events: list) -> dict:
+    out = {}
     for how in ("ftcomm", "plain"):
-        found = [e["bytes"] / e["seconds"] for e in events if e["event"] == "throughput" and e["how"] == how]
-        if found:
-            out[f"{how}_bytes_per_s"] = _median(found)
+        found = [e for e in events if e["event"] == "throughput" and e["how"] == how]
+        out[f"{how}_bytes_per_s"] = _median(e["bytes"] / e["seconds"] for e in found)
+        out["part_bytes"] = _median(e["bytes"] for e in found if how == "ftcomm") or out.get("part_bytes")
     return out
 
 
@@ -289,55 +347,50 @@ def relaunch_figures(events: list, launched: float) -> dict:
 
 
 def run_size(args, name: str) -> dict:
-    params, out = SIZES[name], {}
-    runs = {lane: [] for lane in LANES}
-    for round_ in range(args.rounds):
-        lanes = list(LANES)
-        random.Random(round_).shuffle(lanes)
-        for lane in lanes:
-            result, _ = launch(args, lane, params, Path(args.out) / name / f"{lane}-{round_}")
-            runs[lane].append(lane_figures(result["events"], lane) | {"rc": result["rc"]})
-            print(f"{name} round {round_} {lane}: {runs[lane][-1]}", flush=True)
-    for lane, figures in runs.items():
-        out[lane] = {k: _median(f[k] for f in figures if f.get(k) is not None) for k in figures[0] if k != "rc"}
-        out[lane]["rounds"] = figures
-    base = out["none"]["mean_step_s"]
+    """The lanes' job, then the relaunch job, for one model size."""
+    params = SIZES[name]
+    result, _ = launch(args, "lanes", params, Path(args.out) / name / "lanes")
+    out = {lane: lane_figures(result["events"], lane) for lane in LANES}
+    out["throughput"] = throughput_figures(result["events"])
+    out["rc"] = result["rc"]
+    base = out["none"]
     for lane in LANES:
-        if out[lane].get("mean_step_s") and base:
-            out[lane]["step_ratio"] = out[lane]["mean_step_s"] / base
-        if out[lane].get("stall_s") is not None and base:
-            every = 1 if lane == "async1" else 10
-            out[lane]["stall_share"] = out[lane]["stall_s"] / (every * base)
+        r = out[lane]
+        if r["mean_step_s"] and base["mean_step_s"]:
+            r["mean_ratio"] = r["mean_step_s"] / base["mean_step_s"]
+            r["median_ratio"] = r["median_step_s"] / base["median_step_s"]
+        if r.get("stall_s") is not None and base["mean_step_s"]:
+            r["stall_share"] = r["stall_s"] / ((1 if lane == "async1" else 10) * base["mean_step_s"])
+    print(f"{name} lanes: {json.dumps(out)}", flush=True)
     if args.relaunch:
         hosts = Path(args.out) / name / "hosts"
-        hosts.parent.mkdir(parents=True, exist_ok=True)
         hosts.write_text("n1 slots=2\nn2 slots=2\n")
-        result, launched = launch(args, "relaunch", params, Path(args.out) / name / "relaunch", steps=40,
+        result, launched = launch(args, "relaunch", params, Path(args.out) / name / "relaunch",
                                   launcher=("--hostfile", str(hosts), "--fake-nodes", "--ranks-per-node", "2",
                                             "--restarts", "1"))
         out["relaunch"] = relaunch_figures(result["events"], launched) | {"rc": result["rc"]}
-        print(f"{name} relaunch: {out['relaunch']}", flush=True)
+        print(f"{name} relaunch: {json.dumps(out['relaunch'])}", flush=True)
     return out
 
 
 def print_tables(results: dict) -> None:
-    print("\n| parameters | lane | step (median) | step (mean) | / none | stall per checkpoint | stall share |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| parameters | lane | step (median) | / none | step (mean) | / none | stall per checkpoint | stall share |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, res in results.items():
         for lane in LANES:
             r = res[lane]
             stall = f"{1e3 * r['stall_s']:.1f} ms" if r.get("stall_s") is not None else ""
             share = f"{100 * r['stall_share']:.2f}%" if r.get("stall_share") is not None else ""
-            print(f"| {name} | {lane} | {1e3 * r['median_step_s']:.1f} ms | {1e3 * r['mean_step_s']:.1f} ms | "
-                  f"{r.get('step_ratio', 1):.3f} | {stall} | {share} |")
+            print(f"| {name} | {lane} | {1e3 * r['median_step_s']:.1f} ms | {r.get('median_ratio', 1):.3f} | "
+                  f"{1e3 * r['mean_step_s']:.1f} ms | {r.get('mean_ratio', 1):.3f} | {stall} | {share} |")
     print("\n| parameters | part per rank | ftcomm's writer | plain write + fsync | ratio | beside training |")
     print("|---|---|---|---|---|---|")
     for name, res in results.items():
-        r = res["async10"]
+        r, beside = res["throughput"], res["async10"].get("write_bytes_per_s") or 0
         if r.get("ftcomm_bytes_per_s"):
             print(f"| {name} | {r['part_bytes'] / 2**20:.1f} MiB | {r['ftcomm_bytes_per_s'] / 2**20:.0f} MiB/s | "
                   f"{r['plain_bytes_per_s'] / 2**20:.0f} MiB/s | {r['ftcomm_bytes_per_s'] / r['plain_bytes_per_s']:.2f} | "
-                  f"{r['write_bytes_per_s'] / 2**20:.0f} MiB/s |")
+                  f"{beside / 2**20:.0f} MiB/s |")
     print("\n| parameters | start-up | death to first commit | launch | imports | init | load | redo | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, res in results.items():
@@ -352,15 +405,16 @@ def print_tables(results: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--lane", choices=(*LANES, "relaunch"), help=argparse.SUPPRESS)
+    p.add_argument("--lane", choices=("lanes", "relaunch"), help=argparse.SUPPRESS)
     p.add_argument("--params", type=int, help=argparse.SUPPRESS)
     p.add_argument("--kill-step", type=int, default=25, help=argparse.SUPPRESS)
     p.add_argument("--ckpt-dir", help=argparse.SUPPRESS)
     p.add_argument("--log-dir", help=argparse.SUPPRESS)
     p.add_argument("--sizes", default="10M,100M", help="comma-separated: 1M, 10M, 100M (default 10M,100M)")
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--steps", type=int, default=40, help="steps per job (default 40)")
-    p.add_argument("--rounds", type=int, default=2, help="jobs per lane (default 2)")
+    p.add_argument("--steps", type=int, default=40, help=argparse.SUPPRESS)
+    p.add_argument("--cycles", type=int, default=2,
+                   help=f"phases of {PHASE} steps per lane in the lanes' job, in a fresh order each cycle (default 2)")
     p.add_argument("--no-relaunch", dest="relaunch", action="store_false", help="skip the relaunch measurement")
     p.add_argument("--job-timeout", type=float, default=1200)
     p.add_argument("--out", default="results/checkpoint")

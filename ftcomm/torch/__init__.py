@@ -19,7 +19,8 @@ Modules: ``backend`` (registration, the process-group factory), ``process_group`
 collectives), ``work`` and ``executor`` (Work objects, the communication thread), ``step_state``
 (process-wide step state), ``loader`` (``resilient``), ``join`` (hand-over to a promoted spare),
 ``resplit`` (re-splitting an epoch's samples), ``rendezvous`` (environment under MPI launchers),
-``zero`` (``ZeroRedundancyOptimizer``: ZeRO-1 whose shards survive rank loss).
+``zero`` (``ZeroRedundancyOptimizer``: ZeRO-1 whose shards survive rank loss), ``checkpoint``
+(the loop's disk checkpoints in ``torch.distributed.checkpoint`` format, and resuming from them).
 """
 from __future__ import annotations
 
