@@ -4,6 +4,7 @@ for every ftcomm process group (the default group and ``dist.new_group`` subgrou
 from __future__ import annotations
 
 import datetime
+import zlib
 
 import torch.distributed as dist
 
@@ -15,7 +16,21 @@ from .rendezvous import take_active_comm
 
 DEVICES = list(SUPPORTED_DEVICES)
 
-_subgroup_tag = [int(Tag.SUBGROUP)]  # MPI_Comm_create_group tag of the next subgroup
+# Subgroups made so far in this process, per member list: a rank only takes part in the creation
+# of the groups it belongs to, so a count of all groups would differ between ranks.
+_subgroups_made: dict[tuple, int] = {}
+
+
+def _subgroup_tag(world_members: tuple) -> int:
+    """The MPI_Comm_create_group tag of the next subgroup of these MPI_COMM_WORLD ranks: the same
+    on each of them (it depends only on the members and how many groups of exactly these members
+    this process made before), and different for different member lists (a CRC-32 of the list,
+    in 2**24 buckets of 64 creations; groups are made one after the other in each process, so
+    tags need only differ between groups whose members overlap)."""
+    made = _subgroups_made.get(world_members, 0)
+    _subgroups_made[world_members] = made + 1
+    bucket = zlib.crc32(repr(world_members).encode()) % (1 << 24)
+    return int(Tag.SUBGROUP) + (bucket << 6) + made % 64
 
 
 def _timeout_seconds(timeout) -> float:
@@ -65,9 +80,9 @@ def create_process_group(backend_opts, backend_options=None) -> ProcessGroupFtco
     else:
         parent = _default_group_comm()
         to_world = parent.world_ranks if parent is not None else list(range(world.Get_size()))
-        group = world.Get_group().Incl([to_world[g] for g in members])
-        _subgroup_tag[0] += 1
-        base = world.Create_group(group, _subgroup_tag[0])
+        world_members = tuple(to_world[g] for g in members)
+        group = world.Get_group().Incl(list(world_members))
+        base = world.Create_group(group, _subgroup_tag(world_members))
         group.Free()
     try:
         comm = Communicator(base, timeout=timeout)

@@ -150,3 +150,14 @@ def test_ddp_outside_resilient_raises_and_trains_on():
         # the mean of world ranks 0..3, then of 0, 1, 3; the iteration right after the failure
         # still divides by 4 (DDP's reducer keeps the divide factor of a backward that raised)
         assert rep["grads"][:2] == [2.5, 2.5] and abs(rep["grads"][-1] - (1 + 2 + 4) / 3) < 1e-6, rep
+
+
+def test_subgroups_made_in_any_order_do_not_hang():
+    """Ranks outside a subgroup never reach the backend's factory for it: its creation's tag must
+    not depend on how many groups a rank has made."""
+    res = run_job(JOBS / "torch_subgroups.py", 3, env={"FTCOMM_TIMEOUT": "20"}, timeout=60)
+    assert res.returncode == 0, res.describe()
+    got = sorted((tuple(r["members"]), r["world_rank"], r["sum"]) for r in res.reports)
+    orders = [[1, 2], [0, 1, 2], [0, 2], [1, 2], [0, 1]]
+    want = sorted((tuple(m), r, float(sum(x + 1 for x in m))) for m in orders for r in m)
+    assert sorted(set(got)) == sorted(set(want)) and len(got) == len(want), res.describe()
