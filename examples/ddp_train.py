@@ -19,6 +19,7 @@ the final numbers (rank 0).
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -66,6 +67,8 @@ def main():
 
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
+    if args.kill and not ftcomm.fault.can_recover("--kill"):
+        sys.exit(2)  # a kill would end this job, or name a rank it does not have
 
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0

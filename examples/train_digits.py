@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import sys
 import time
 import zlib
 
@@ -112,6 +113,8 @@ def main():
     xtr, ytr, xte, yte = load_data(args.seed)
     comm = ftcomm.world()  # on a spare: returns once it is promoted (or ends the process)
     rid = run_id(comm)
+    if args.kill and not fault.can_recover("--kill"):
+        sys.exit(2)  # a kill would end this job, or name a rank it does not have
     for rank, step in args.kill:
         fault.inject("train_step", rank=rank, step=step, kind="kill")
 

@@ -18,6 +18,8 @@ the commit agreement). The training layer adds ``replicate``, ``shrink``, ``rebu
 """
 from __future__ import annotations
 
+import sys
+
 from .. import _C, settings
 from .buffers import raw as raw_buffer
 from .codes import FAULT_KINDS as KINDS
@@ -43,11 +45,35 @@ def parse(text: str) -> list[dict]:
     return specs
 
 
+_said: set = set()  # what can_recover has already warned about in this process
+
+
+def can_recover(what: str) -> bool:
+    """Whether this job survives a rank's failure: ULFM on and more than one rank. If not, says so
+    once per ``what`` on stderr (world rank 0), naming ``what`` (the failure, policy or spares the
+    script asked for) and why (``ftcomm.ulfm_status()``), so that a run started without
+    ``ftcomm-run`` does not silently ignore it."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if _C.ft_enabled() and world.Get_size() > 1:
+        return True
+    why = _C.ft_status() if not _C.ft_enabled() else "it has one rank (world size 1): start it with ftcomm-run -n N"
+    if what not in _said and world.Get_rank() == 0:
+        _said.add(what)
+        print(f"ftcomm: {what} needs a job that can recover from a failure, and this one cannot: {why}",
+              file=sys.stderr, flush=True)
+    return False
+
+
 def inject(point: str, rank: int = -1, step: int = -1, ring_step: int = -1, chunk: int = -1,
            kind: str = "kill") -> None:
-    """Arms a fault: world rank ``rank`` fails with ``kind`` when it reaches ``point``."""
+    """Arms a fault: world rank ``rank`` fails with ``kind`` when it reaches ``point``. In a job
+    that cannot recover it is armed all the same, and ``can_recover`` says so once."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {sorted(KINDS)}")
+    if kind != "bitflip":
+        can_recover(f"fault injection ({kind} at {point})")
     _C.fault_add(point, rank, step, ring_step, chunk, KINDS[kind])
 
 

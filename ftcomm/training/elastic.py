@@ -265,6 +265,8 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     if check_every < 0:
         raise ValueError(f"elastic.run: check_every must be >= 0, not {check_every}")
     opt, sampler = state.optimizer, state.sampler
+    if policy not in (None, "shrink"):
+        fault.can_recover(f"recovery policy {policy!r}")
     total = steps if steps is not None else epochs * sampler.steps_per_epoch
     log = EventLog(log_path, opt.comm.world_rank, echo=opt.comm.rank == 0 and progress)
     summary, attempts = Summary(), {}
