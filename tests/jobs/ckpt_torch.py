@@ -4,6 +4,9 @@ with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on e
 
     --checkpoint-dir D --every N    checkpoints (resumes from the newest one in D); N may be "auto"
     --log DIR                       the loop's event log (checkpoint events among them)
+    --kill-node NODE@STEP           on the first launch (FTCOMM_RESTART=0), the lowest world rank of
+                                    NODE SIGKILLs the node's PRRTE daemon, its node peers and itself
+                                    at the start of step STEP: the whole job ends
     --stop-at S                     ends after applied step S, with its checkpoint on disk
 Kills come from FTCOMM_FAULT (points checkpoint_stage, checkpoint_write, checkpoint_publish,
 checkpoint_rename, or any other).
@@ -15,6 +18,8 @@ training); "done" (steps, hash, world size, the parameters).
 """
 import argparse
 import hashlib
+import os
+import signal
 
 import torch
 import torch.distributed as dist
@@ -32,6 +37,8 @@ p.add_argument("--stop-at", type=int)
 p.add_argument("--samples", type=int, default=480)
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--log", help="the loop's event log goes here (rank{rank}.jsonl)")
+p.add_argument("--kill-node", help="NODE@STEP: on the first launch, at the start of step STEP, the node's daemon "
+                                   "and ranks are SIGKILLed (a node crash; under --fake-nodes)")
 args = p.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -48,6 +55,28 @@ every = args.every if args.every == "auto" else int(args.every)
 loop = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, extra_state=[scheduler],
                               checkpoint_dir=args.checkpoint_dir, checkpoint_every=every,
                               log_path=args.log and f"{args.log}/rank{{rank}}.jsonl")
+
+
+node_pids = {}
+if args.kill_node:  # every rank's node and pid, gathered while all are alive
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (ftcomm.settings.node_name_override(), os.getpid(),
+                                      dist.group.WORLD.comm.world_rank))
+    node, kill_step = args.kill_node.split("@")
+    node_pids = {w: pid for n, pid, w in gathered if n == node}
+
+
+def crash_node(step: int) -> None:
+    """The node's lowest world rank kills its daemon (its parent), its node peers, itself."""
+    me = dist.group.WORLD.comm.world_rank
+    if ftcomm.settings.restart_count() or not node_pids or me != min(node_pids):
+        return
+    report(event="kill", step=step, world_size=dist.get_world_size())
+    os.kill(os.getppid(), signal.SIGKILL)
+    for w, pid in node_pids.items():
+        if w != me:
+            os.kill(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def state_hash() -> str:
@@ -81,6 +110,8 @@ for epoch in loop.epochs(args.epochs):
             report(event="resumed", step=loop.resumed_from, hash=state_hash(), size=dist.get_world_size(),
                    rng=hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest())
         first = False
+        if args.kill_node and loop.steps_applied + 1 == int(kill_step):
+            crash_node(loop.steps_applied + 1)
         rng = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]  # what dropout draws from
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()

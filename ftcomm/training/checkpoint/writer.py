@@ -21,7 +21,8 @@ checkpoints as they were: a checkpoint becomes visible only by the final rename,
 removed only after it. After a recovery the training communicator is a new one: the write in
 flight is abandoned on every survivor (its files are removed by the next publish). At most one
 write is in flight: a checkpoint due while one is still being written is skipped (logged as
-``checkpoint_skipped``); ``at_step`` checks completion before it starts the next one.
+``checkpoint_skipped``); ``at_step`` checks completion before it starts the next one, and
+``finish`` writes the last step's checkpoint if it was skipped.
 
 Events logged (the caller's ``log``, ``ftcomm/training/events.py``'s format): ``checkpoint``
 (step, bytes, stall_s, write_s), ``checkpoint_skipped``, ``checkpoint_abandoned`` (why),
@@ -102,6 +103,8 @@ class AsyncCheckpointer:
         self._publishing: Future | None = None
         self._comm = None  # the communicator of the last step boundary
         self._boundary: float | None = None
+        self._last_step: int | None = None
+        self._missed = None  # (step, entries) of a checkpoint skipped at the last boundary
 
     # -- the step boundary ---------------------------------------------------------------------
     def at_step(self, comm, step: int, entries) -> None:
@@ -126,9 +129,11 @@ class AsyncCheckpointer:
         if comm is not self._comm:
             self._follow(comm, step)
         self.poll(comm)
+        self._last_step, self._missed = step, None
         if self.schedule.due(step):
             if self._write is not None:
                 self.skipped.append(step)
+                self._missed = (step, entries)
                 self.log(event="checkpoint_skipped", step=step, in_flight=self._write.step)
             else:
                 self._start(comm, step, entries() if callable(entries) else entries)
@@ -231,24 +236,34 @@ class AsyncCheckpointer:
 
     # -- the end ----------------------------------------------------------------------------
     def finish(self, comm) -> None:
-        """At the end of training, on every rank: waits for the write in flight, completes it
-        (one agreement) and, on the publishing rank, waits until it is published. Collective
-        when a write is in flight.
+        """At the end of training, on every rank: waits for the write in flight and completes it
+        (one agreement); if the last step's checkpoint was skipped because of it, writes that one
+        too (the state has not changed since), the same way; and, on the publishing rank, waits
+        until both are published. Collective when a write is in flight.
 
         Raises:
             ProcFailedError etc.: a rank failed; the checkpoint is abandoned.
         """
-        w = self._write
-        if w is not None:
-            if w.comm is comm:
-                try:
-                    w.future.result()
-                except Exception:  # noqa: BLE001 - reported by the agreement (poll)
-                    pass
-                self.poll(comm)
-            else:
-                self._abandon("the group changed (a recovery)")
+        self._drain(comm)
+        if self._missed is not None and self._missed[0] == self._last_step and comm is self._comm:
+            step, entries = self._missed
+            self._missed = None
+            self._start(comm, step, entries() if callable(entries) else entries)
+            self._drain(comm)
         self.wait_published()
+
+    def _drain(self, comm) -> None:
+        w = self._write
+        if w is None:
+            return
+        if w.comm is not comm:
+            self._abandon("the group changed (a recovery)")
+            return
+        try:
+            w.future.result()
+        except Exception:  # noqa: BLE001 - reported by the agreement (poll)
+            pass
+        self.poll(comm)
 
     def wait_published(self) -> None:
         """Blocks until this rank's publishing (if any) has ended."""
