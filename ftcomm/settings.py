@@ -13,6 +13,7 @@ the README's table too.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,6 +77,13 @@ def _word(choices: tuple) -> Callable[[str], str]:
     return parse
 
 
+def _launcher_identity(text: str) -> tuple[str, int, int]:
+    host, pid, start = text.rsplit(":", 2)
+    if not host or int(pid) <= 0 or int(start) < 0:
+        raise ValueError("must be HOST:PID:START")
+    return host, int(pid), int(start)
+
+
 SETTINGS: dict[str, Setting] = {}
 
 
@@ -117,6 +125,8 @@ TORCH_ASYNC = _define("FTCOMM_TORCH_ASYNC", True, _flag,
                       "run the torch backend's collectives on ftcomm's communication thread")
 RESTART = _define("FTCOMM_RESTART", 0, _count,
                   "how many times ftcomm-run --restarts has relaunched this job (0: the first launch; set by ftcomm-run)")
+LAUNCHER = _define("FTCOMM_LAUNCHER", None, _launcher_identity,
+                   "ftcomm-run's HOST:PID:START (set by ftcomm-run): a rank on that host ends when it is gone")
 MTBF = _define("FTCOMM_MTBF", None, _seconds,
                "mean seconds between failures that end the whole job, for checkpoint_every=\"auto\" (Young/Daly)")
 
@@ -266,19 +276,41 @@ def mtbf() -> float | None:
     return MTBF.get()
 
 
+def launcher() -> tuple[str, int, int] | None:
+    """FTCOMM_LAUNCHER: (host name, pid, start time in clock ticks after boot) of the ftcomm-run
+    process that started this rank, or None outside ftcomm-run. A rank on that host ends itself
+    when that process is gone (``ftcomm.core.runtime``)."""
+    return LAUNCHER.get()
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (field 22 of /proc/PID/stat), or
+    None when there is no such process (or no /proc). With the pid it names one process for
+    good: a pid is reused, a pid and its start time are not. FTCOMM_LAUNCHER carries both."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 # -- variables ftcomm sets ----------------------------------------------------------------------
-def launcher_environment(run_dir_path: str, spare_count: int) -> dict[str, str]:
-    """The variables ``ftcomm-run`` sets for every rank of the job it starts."""
+def launcher_environment(run_dir_path: str, spare_count: int, restart: int = 0) -> dict[str, str]:
+    """The variables ``ftcomm-run`` sets for every rank of the job it starts: the run directory,
+    the spare count (when there are spares), the launch number ``restart`` (0 on the first
+    launch, k on the k-th relaunch of ``--restarts``) and who launched it (this process)."""
     env = {RUN_DIR.name: run_dir_path}
     if spare_count:
         env[SPARES.name] = str(spare_count)
+    env[RESTART.name] = str(restart)
+    env[LAUNCHER.name] = f"{socket.gethostname()}:{os.getpid()}:{process_start_time(os.getpid()) or 0}"
     return env
 
 
 def forwarded_names() -> list[str]:
     """Names of the FTCOMM_* variables set in this environment that the launcher forwards to the
     ranks (every one but those it sets itself)."""
-    own = {RUN_DIR.name, SPARES.name}
+    own = {RUN_DIR.name, SPARES.name, RESTART.name, LAUNCHER.name}
     return sorted(n for n in os.environ if n.startswith("FTCOMM_") and n not in own)
 
 

@@ -8,9 +8,13 @@ import atexit
 import fcntl
 import json
 import os
+import select
+import signal
+import socket
 import stat
 import sys
 import termios
+import threading
 import time
 
 import mpi4py
@@ -22,6 +26,7 @@ if "mpi4py.MPI" not in sys.modules:
 from mpi4py import MPI  # noqa: E402  (must follow the rc setting)
 
 from .. import settings  # noqa: E402
+from ..errors import FtError, InvalidInputError  # noqa: E402
 
 try:
     from .. import _C  # noqa: E402
@@ -109,6 +114,42 @@ def _publish_pid() -> None:
 
 _publish_pid()
 
+
+def _watch_launcher() -> None:
+    """Ends this rank when the ftcomm-run that started it is gone (SIGKILLed: it had no chance to
+    end the job), instead of leaving it an orphan: Open MPI starts ranks in process groups of
+    their own, and its mpirun, even dying with ftcomm-run, does not kill the ranks on its host.
+    Only for ranks on ftcomm-run's host (elsewhere the rank's daemon goes with its ssh session),
+    and only when FTCOMM_LAUNCHER names a process that is running now: never on a guess (a rank
+    started without ftcomm-run, a pid already gone or taken by another process). The thread
+    blocks in poll() on a pidfd of ftcomm-run: no CPU until ftcomm-run exits, which in a normal
+    run happens only after every rank has ended."""
+    found = settings.launcher()
+    if found is None or not hasattr(os, "pidfd_open"):
+        return
+    host, pid, start = found
+    if host != socket.gethostname():
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # gone already, or not visible from here
+        return
+    if settings.process_start_time(pid) != start:  # the pid now names another process
+        os.close(pidfd)
+        return
+    threading.Thread(target=_end_when_gone, args=(pidfd,), name="ftcomm-launcher-watch", daemon=True).start()
+
+
+def _end_when_gone(pidfd: int) -> None:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)  # readable once the process has exited
+    while not poller.poll():
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_watch_launcher()
+
 _committed_noted = False
 
 
@@ -133,16 +174,49 @@ def note_committed(step: int) -> None:
 # may overrun after failures and the watchdog then exits with 0, so the exit report carries it to
 # ftcomm-run, which must not call such a job "recovered".
 _uncaught = False
+# Whether that exception reports a failure of other ranks or of the machines (ProcFailedError,
+# StateLostError, a timeout: ftcomm's errors but bad input): ftcomm-run --restarts relaunches
+# such a job, where the program's own error on every rank would only repeat.
+_uncaught_failure = False
 _previous_excepthook = sys.excepthook
 
 
 def _note_uncaught(exc_type, exc, tb) -> None:
-    global _uncaught
+    global _uncaught, _uncaught_failure
     _uncaught = True
+    _uncaught_failure = issubclass(exc_type, FtError) and not issubclass(exc_type, InvalidInputError)
     _previous_excepthook(exc_type, exc, tb)
 
 
 sys.excepthook = _note_uncaught
+
+# The status the program gave sys.exit (argparse's 2 on bad arguments), for the exit report:
+# ftcomm-run --restarts does not relaunch a job whose every rank ended by the same non-zero exit
+# (it would end so again). An atexit function cannot see the status, so sys.exit notes it first.
+_exit_status = None
+_sys_exit = sys.exit
+
+
+def _exit_noting_status(status=None):
+    global _exit_status
+    if threading.current_thread() is threading.main_thread():  # elsewhere it ends only a thread
+        _exit_status = status
+    _sys_exit(status)
+
+
+sys.exit = _exit_noting_status
+
+
+def _exit_status_code() -> int:
+    """The exit status this process ends with, as far as Python decides it: 1 after an uncaught
+    exception; sys.exit's status (None is 0, a message 1, an int its low 8 bits); else 0."""
+    if _uncaught:
+        return 1
+    if _exit_status is None:
+        return 0
+    if isinstance(_exit_status, int):
+        return _exit_status & 0xFF
+    return 1
 
 
 def _write_exit_report() -> None:
@@ -150,7 +224,7 @@ def _write_exit_report() -> None:
     if not run_dir:
         return
     report = {"world_rank": MPI.COMM_WORLD.Get_rank(), "pid": os.getpid(), "lost": sorted(lost_world_ranks),
-              "uncaught_exception": _uncaught}
+              "uncaught_exception": _uncaught, "failure": _uncaught_failure, "exit_status": _exit_status_code()}
     try:
         with open(os.path.join(run_dir, f"rank{report['world_rank']}.json"), "w") as f:
             json.dump(report, f)

@@ -8,6 +8,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import settings
@@ -87,22 +88,79 @@ def program_command(program: list[str]) -> list[str]:
     return list(program)
 
 
-def build_command(args, run_dir: str) -> list[str]:
-    """The full launcher command for parsed arguments ``args``."""
+@dataclass(frozen=True)
+class Launch:
+    """What may change from one launch of a job to the next (``ftcomm-run --restarts``): the number
+    of ranks and spares, the hostfile, the launch number (FTCOMM_RESTART) and, when set, the
+    folder where mpi_configs/daemon_session.sh records the daemon sessions."""
+
+    ranks: int
+    spares: int
+    hostfile: str | None
+    restart: int = 0
+    sessions_dir: str | None = None
+
+
+# The names under which PRRTE takes its launch agent (Open MPI's older name first).
+_AGENT_MCA = ("plm_rsh_agent", "plm_ssh_agent")
+
+
+def default_agent() -> str:
+    """The agent PRRTE would use by itself (its ``plm_ssh_agent`` default "ssh : rsh"): ssh with
+    ``-x`` (no X11 forwarding, as PRRTE adds), else rsh."""
+    return "ssh -x" if shutil.which("ssh") or not shutil.which("rsh") else "rsh"
+
+
+def daemon_agent(args) -> str | None:
+    """The launch agent the job's daemons would be started with: the user's ``--mca
+    plm_rsh_agent``, else fake_node_rsh.sh under ``--fake-nodes``, else None (PRRTE's own)."""
+    given = [value for name, value in args.mca if name in _AGENT_MCA]
+    if given:
+        return given[-1]
+    if args.fake_nodes:  # the hostfile's nodes are played by this machine
+        return str(config_dir() / "fake_node_rsh.sh")
+    return None
+
+
+def agent_command(record_dir: str, agent: str) -> str:
+    """The ``plm_rsh_agent`` value that runs ``agent`` (an agent's command line, e.g. ``ssh -x``)
+    through mpi_configs/daemon_session.sh, which records each daemon session in ``record_dir``
+    (read by ``sessions``).
+
+    Raises:
+        ValueError: a path holds a space or a colon, or ``agent`` is a list of alternatives
+            ("ssh : rsh"): PRRTE splits the value at colons, then at spaces.
+    """
+    script = str(config_dir() / "daemon_session.sh")
+    if any(c in path for path in (script, record_dir) for c in " :") or ":" in agent:
+        raise ValueError(f"ftcomm-run: cannot pass PRRTE the launch agent {script} {record_dir} {agent}: "
+                         "PRRTE splits it at spaces and colons")
+    return f"{script} {record_dir} {agent} --"
+
+
+def build_command(args, run_dir: str, launch: Launch | None = None) -> list[str]:
+    """The full launcher command for parsed arguments ``args``; ``launch`` (default: as the
+    arguments say, launch 0) for a relaunch of ``ftcomm-run --restarts``."""
+    launch = launch or Launch(args.np, args.spares, args.hostfile)
     launcher = find_launcher(args.mpi)
     env_names = [n for n in _FORWARDED_ENV if n in os.environ] + settings.forwarded_names()
-    job_env = settings.launcher_environment(run_dir, args.spares)
+    job_env = settings.launcher_environment(run_dir, launch.spares, launch.restart)
     if args.mpi == "openmpi":
         cmd = [launcher]
         if not args.no_ft:
             cmd += ["--with-ft", "ulfm"]
-        cmd += ["-n", str(args.np + args.spares)]
-        if args.hostfile:
-            cmd += ["--hostfile", args.hostfile]
+        cmd += ["-n", str(launch.ranks + launch.spares)]
+        if launch.hostfile:
+            cmd += ["--hostfile", launch.hostfile]
         if args.ranks_per_node:  # a fixed number of ranks on each node
             cmd += ["--map-by", f"ppr:{args.ranks_per_node}:node"]
-        if args.fake_nodes:  # the hostfile's nodes are played by this machine
-            cmd += ["--mca", "plm_rsh_agent", str(config_dir() / "fake_node_rsh.sh")]
+        mca = list(args.mca)
+        agent = daemon_agent(args)
+        if launch.sessions_dir:  # record each daemon session (sessions.py), through the agent it would use
+            mca = [(name, value) for name, value in mca if name not in _AGENT_MCA]
+            cmd += ["--mca", "plm_rsh_agent", agent_command(launch.sessions_dir, agent or default_agent())]
+        elif args.fake_nodes:
+            cmd += ["--mca", "plm_rsh_agent", agent]
         if args.oversubscribe:
             cmd += ["--oversubscribe"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -111,20 +169,20 @@ def build_command(args, run_dir: str) -> list[str]:
         for name, value in read_settings_file(config_dir() / "openmpi-ulfm.conf"):
             if name not in overrides:
                 cmd += ["--mca", name, value]
-        for name, value in args.mca:
+        for name, value in mca:
             cmd += ["--mca", name, value]
-        for name, value in job_env.items():  # the run directory; spares: the last S ranks wait
+        for name, value in job_env.items():  # run directory, spares, launch number, launcher (settings)
             cmd += ["-x", f"{name}={value}"]
         for name in env_names:
             cmd += ["-x", name]
     else:  # MPICH's hydra
-        cmd = [launcher, "-n", str(args.np + args.spares)]
+        cmd = [launcher, "-n", str(launch.ranks + launch.spares)]
         if mpich_ft_requested() and not args.no_ft:
             # The job must outlive a dead rank; without fault tolerance hydra's auto-cleanup is
             # what ends a job whose rank died, at once, instead of leaving the others waiting.
             cmd += ["-disable-auto-cleanup"]
-        if args.hostfile:
-            cmd += ["-f", args.hostfile]
+        if launch.hostfile:
+            cmd += ["-f", launch.hostfile]
         if args.ranks_per_node:
             cmd += ["-ppn", str(args.ranks_per_node)]
         for name, value in [*read_settings_file(config_dir() / "mpich.env"), *job_env.items()]:

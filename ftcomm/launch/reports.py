@@ -10,8 +10,15 @@ from pathlib import Path
 
 
 def read_reports(run_dir: str) -> list[dict]:
-    """The exit reports that ranks left in the run directory."""
-    return [json.loads(path.read_text()) for path in Path(run_dir).glob("rank*.json")]
+    """The exit reports that ranks left in the run directory (one cut short, its rank killed while
+    writing it, is left out)."""
+    reports = []
+    for path in Path(run_dir).glob("rank*.json"):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return reports
 
 
 def summarize(run_dir: str, world_size: int, reports=None) -> tuple[list[int], list[int]]:
@@ -72,3 +79,15 @@ def mpich_failure(first_ended: tuple[int, int] | None, output: str) -> str:
     rank, pid = first_ended
     how = f": {report[1]}" if report and report[0] == pid else ""
     return f"world rank {rank} (pid {pid}) ended first{how}"
+
+
+def committed_ranks(run_dir: str) -> list[int]:
+    """World ranks that committed a step in this launch: each leaves ``committed-rank<world
+    rank>`` in the run directory at its first committed step
+    (``ftcomm.core.runtime.note_committed``)."""
+    ranks = []
+    for path in Path(run_dir).glob("committed-rank*"):
+        suffix = path.name[len("committed-rank"):]
+        if suffix.isdigit():
+            ranks.append(int(suffix))
+    return sorted(ranks)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from ftcomm.launch import command, reports, run
+from ftcomm.launch import command, reports, run, watch
 
 
 def dry_run(capsys, *argv):
@@ -136,15 +136,15 @@ def test_the_watch_sees_which_rank_ended_first(tmp_path):
     try:
         for rank, proc in enumerate(procs):
             (tmp_path / f"pid-rank{rank}").write_text(str(proc.pid))
-        watch = run._FirstToEnd(str(tmp_path), 3)
-        watch.start()
+        first = watch.FirstToEnd(str(tmp_path), 3)
+        first.start()
         time.sleep(0.3)  # the watch has opened every pidfd
         procs[1].kill()
         procs[1].wait()
         time.sleep(0.3)
         for proc in procs:
             proc.kill()
-        assert watch.result() == (1, procs[1].pid)
+        assert first.result() == (1, procs[1].pid)
     finally:
         for proc in procs:
             proc.kill()
