@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -67,11 +68,16 @@ if args.kill_node:  # every rank's node and pid, gathered while all are alive
 
 
 def crash_node(step: int) -> None:
-    """The node's lowest world rank kills its daemon (its parent), its node peers, itself."""
+    """The node's lowest world rank kills its daemon (its parent), its node peers, itself; the
+    other ranks wait for the runtime to end the job (they would otherwise recover in the job and
+    train on, as far as they get before it does)."""
     me = dist.group.WORLD.comm.world_rank
-    if ftcomm.settings.restart_count() or not node_pids or me != min(node_pids):
+    if ftcomm.settings.restart_count() or not node_pids:
         return
+    if me != min(node_pids):
+        time.sleep(600)
     report(event="kill", step=step, world_size=dist.get_world_size())
+    time.sleep(1.0)  # the daemon forwards that line before it dies
     os.kill(os.getppid(), signal.SIGKILL)
     for w, pid in node_pids.items():
         if w != me:

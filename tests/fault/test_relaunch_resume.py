@@ -1,0 +1,51 @@
+"""A whole job that dies, brought back by `ftcomm-run --restarts`, resuming from its disk
+checkpoint: 2 made-up nodes x 2 ranks (`--fake-nodes`), DDP + ZeRO in a `resilient` loop with a
+checkpoint every 4 steps (tests/jobs/ckpt_torch.py). At step 14 node n2 crashes (its PRRTE daemon
+and its ranks are SIGKILLed): Open MPI 5.0.x ends the whole job, ftcomm-run relaunches it on n1
+alone (2 ranks), and the relaunch resumes from the newest complete checkpoint (step 12, or 8 when
+12's was still being written). Its final parameters and optimizer state are bitwise those of a
+run stopped at that step and restarted by hand at 2 ranks."""
+import pytest
+
+from ftcomm.training import checkpoint
+from harness import JOBS, run_job
+
+pytestmark = pytest.mark.fault
+JOB = JOBS / "ckpt_torch.py"
+ENV = {"FTCOMM_TIMEOUT": "30"}
+
+
+def _done(res) -> dict:
+    done = res.by_rank(event="done")
+    assert done and len({d["hash"] for d in done.values()}) == 1, res.describe()
+    return next(iter(done.values()))
+
+
+def test_a_node_crash_ends_the_job_and_the_relaunch_resumes_from_disk(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("n1 slots=2\nn2 slots=2\n")
+    ckpt = tmp_path / "ckpt"
+    res = run_job(JOB, 4, "--checkpoint-dir", ckpt, "--kill-node", "n2@14", env=ENV, timeout=240,
+                  launcher_args=["--hostfile", hosts, "--fake-nodes", "--ranks-per-node", "2", "--restarts", "2",
+                                 "--restart-backoff", "0.5"])
+    assert res.returncode == 0, res.describe()
+    assert "relaunch 1 of 2" in res.stderr, res.describe()
+    (kill,) = res.by_rank(event="kill").values()
+    assert kill["step"] == 14 and kill["world_size"] == 4
+    resumed = res.by_rank(event="resumed")
+    assert sorted(resumed) == [0, 1] and {r["size"] for r in resumed.values()} == {2}, res.describe()
+    (step,) = {r["step"] for r in resumed.values()}
+    assert step in (8, 12), resumed
+    relaunched = _done(res)
+    assert relaunched["size"] == 2
+
+    # by hand: a run at 4 ranks stopped at that step, then restarted at 2 ranks
+    by_hand = tmp_path / "by_hand"
+    stopped = run_job(JOB, 4, "--checkpoint-dir", by_hand, "--stop-at", step, env=ENV, timeout=120)
+    assert stopped.returncode == 0 and checkpoint.complete_steps(by_hand)[-1] == step, stopped.describe()
+    again = run_job(JOB, 2, "--checkpoint-dir", by_hand, env=ENV, timeout=120)
+    assert again.returncode == 0, again.describe()
+    assert next(iter(again.by_rank(event="resumed").values()))["hash"] == next(iter(resumed.values()))["hash"]
+    final = _done(again)
+    assert final["steps"] == relaunched["steps"] and final["hash"] == relaunched["hash"]
+    assert final["params"] == relaunched["params"]
