@@ -9,6 +9,9 @@ exists to kill a rank on purpose.
     ftcomm-run -n 4 python examples/zero_train.py
     ftcomm-run -n 4 python examples/zero_train.py --kill 2@30             # world rank 2 dies in step 30
     ftcomm-run -n 4 --spares 1 python examples/zero_train.py --kill 2@30  # a spare takes its place
+    # a node crash ends the whole job; ftcomm-run relaunches it on n1, which resumes from ckpt/
+    ftcomm-run --hostfile hosts --fake-nodes --ranks-per-node 2 -n 4 --restarts 2 \
+        python examples/zero_train.py --checkpoint-dir ckpt --crash-node n2@30
 
 Each rank keeps the AdamW state of a quarter of the parameters, plus a replica of its ring
 predecessor's quarter (--replicas 1). Killed in the middle of its shard update, rank 2's quarter
@@ -56,6 +59,10 @@ def main():
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK in the shard update of iteration STEP "
                              "(counted from 0 over the whole run)")
+    parser.add_argument("--crash-node", metavar="NODE@STEP",
+                        help="demo only, with ftcomm-run --fake-nodes: on the first launch, NODE crashes at the "
+                             "start of iteration STEP (its Open MPI daemon and ranks are SIGKILLed), which ends "
+                             "the whole job; with --restarts and --checkpoint-dir it is relaunched and resumes")
     parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
                                                  "format); a run that finds one there resumes from it")
     parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
@@ -99,6 +106,8 @@ def main():
             step = loader.steps_applied + loader.steps_redone  # iterations so far, voided ones included
             if args.kill and args.kill[1] == step:  # demo only
                 arm_kill(args.kill[0], optimizer)
+            if args.crash_node and args.crash_node.endswith(f"@{step}"):  # demo only
+                crash_node(args.crash_node.split("@")[0])
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(xb), yb)
             loss.backward()
@@ -127,6 +136,18 @@ def main():
                                                                   if k != "sources"},
                            "recoveries": [e.as_dict() for e in ftcomm.torch.recoveries()]}, f)
     dist.destroy_process_group()
+
+
+def crash_node(node):
+    """Demo only: on the first launch (FTCOMM_RESTART=0), the ranks of ``node`` crash it; the
+    others wait for Open MPI to end the job, as it does within moments of a daemon's loss."""
+    if ftcomm.settings.restart_count():
+        return
+    print(f"world rank {dist.group.WORLD.comm.world_rank}: node {node} crashes", flush=True)
+    if ftcomm.settings.node_name_override() == node:
+        time.sleep(1.0)  # let the line reach the launcher before the daemon goes
+        ftcomm.fault.crash_node()
+    time.sleep(600)
 
 
 def arm_kill(world_rank, optimizer):

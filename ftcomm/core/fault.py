@@ -18,6 +18,8 @@ the commit agreement). The training layer adds ``replicate``, ``shrink``, ``rebu
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from .. import _C, settings
@@ -75,6 +77,16 @@ def inject(point: str, rank: int = -1, step: int = -1, ring_step: int = -1, chun
     if kind != "bitflip":
         can_recover(f"fault injection ({kind} at {point})")
     _C.fault_add(point, rank, step, ring_step, chunk, KINDS[kind])
+
+
+def crash_node() -> None:
+    """Testing and demos: ends this rank as a crash of its node would, by SIGKILLing this rank's
+    Open MPI daemon (its parent process: PRRTE's ``prted``, on a real node or on a made-up one of
+    ``ftcomm-run --fake-nodes``) and then the rank itself. Called on every rank of the node at the
+    same point; with Open MPI 5.0.x the runtime then ends the whole job (docs/NODE_LOSS.md), and
+    ``ftcomm-run --restarts`` relaunches it without that node."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def clear() -> None:

@@ -4,9 +4,9 @@ with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on e
 
     --checkpoint-dir D --every N    checkpoints (resumes from the newest one in D); N may be "auto"
     --log DIR                       the loop's event log (checkpoint events among them)
-    --kill-node NODE@STEP           on the first launch (FTCOMM_RESTART=0), the lowest world rank of
-                                    NODE SIGKILLs the node's PRRTE daemon, its node peers and itself
-                                    at the start of step STEP: the whole job ends
+    --kill-node NODE@STEP           on the first launch (FTCOMM_RESTART=0) the ranks of NODE crash it
+                                    at the start of step STEP (their PRRTE daemon and themselves are
+                                    SIGKILLed): the whole job ends
     --stop-at S                     ends after applied step S, with its checkpoint on disk
 Kills come from FTCOMM_FAULT (points checkpoint_stage, checkpoint_write, checkpoint_publish,
 checkpoint_rename, or any other).
@@ -18,8 +18,6 @@ training); "done" (steps, hash, world size, the parameters).
 """
 import argparse
 import hashlib
-import os
-import signal
 import time
 
 import torch
@@ -58,31 +56,20 @@ loop = ftcomm.torch.resilient(loader, model=ddp, optimizer=opt, extra_state=[sch
                               log_path=args.log and f"{args.log}/rank{{rank}}.jsonl")
 
 
-node_pids = {}
-if args.kill_node:  # every rank's node and pid, gathered while all are alive
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (ftcomm.settings.node_name_override(), os.getpid(),
-                                      dist.group.WORLD.comm.world_rank))
-    node, kill_step = args.kill_node.split("@")
-    node_pids = {w: pid for n, pid, w in gathered if n == node}
+crash_at = int(args.kill_node.split("@")[1]) if args.kill_node else None
 
 
 def crash_node(step: int) -> None:
-    """The node's lowest world rank kills its daemon (its parent), its node peers, itself; the
-    other ranks wait for the runtime to end the job (they would otherwise recover in the job and
-    train on, as far as they get before it does)."""
-    me = dist.group.WORLD.comm.world_rank
-    if ftcomm.settings.restart_count() or not node_pids:
+    """On the first launch, the ranks of the node crash (ftcomm.fault.crash_node: their daemon and
+    themselves); the other ranks wait for the runtime to end the job (they would otherwise
+    recover in the job and train on, as far as they get before it does)."""
+    if ftcomm.settings.restart_count():
         return
-    if me != min(node_pids):
+    if ftcomm.settings.node_name_override() != args.kill_node.split("@")[0]:
         time.sleep(600)
     report(event="kill", step=step, world_size=dist.get_world_size())
     time.sleep(1.0)  # the daemon forwards that line before it dies
-    os.kill(os.getppid(), signal.SIGKILL)
-    for w, pid in node_pids.items():
-        if w != me:
-            os.kill(pid, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
+    ftcomm.fault.crash_node()
 
 
 def state_hash() -> str:
@@ -116,7 +103,7 @@ for epoch in loop.epochs(args.epochs):
             report(event="resumed", step=loop.resumed_from, hash=state_hash(), size=dist.get_world_size(),
                    rng=hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest())
         first = False
-        if args.kill_node and loop.steps_applied + 1 == int(kill_step):
+        if crash_at is not None and loop.steps_applied + 1 == crash_at:
             crash_node(loop.steps_applied + 1)
         rng = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]  # what dropout draws from
         opt.zero_grad()
