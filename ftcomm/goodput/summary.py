@@ -277,7 +277,9 @@ def summarize(run: RunLog) -> RunSummary:
     t_ideal = step_s[initial] - replicate_s[initial]
     end_time = commits[-1]["time"]
     wall = end_time - start["time"]
-    ckpt = sum(e.get("seconds", 0.0) for e in run.of("checkpoint", ref))
+    # what the training waited for: the staging stall of an asynchronous checkpoint (the write runs
+    # beside training), the whole save of a synchronous one
+    ckpt = sum(e.get("stall_s", e.get("seconds", 0.0)) for e in run.of("checkpoint", ref))
     lost = sum(f.lost_s for f in failures if f.lost_s is not None)
     final = run.of("end", ref)
     return RunSummary(
