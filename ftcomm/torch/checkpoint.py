@@ -29,12 +29,11 @@ import time
 
 import torch
 
-from ..core.outcome import agreed
 from ..errors import FtError, InvalidInputError
 from ..training.checkpoint import AsyncCheckpointer, Blob
 from ..training.checkpoint import sharded
 from ..training.checkpoint.dcp_parts import read, read_metadata
-from ..training.checkpoint.resume import agreed_latest
+from ..training.checkpoint.resume import load_newest
 from .zero import ZeroRedundancyOptimizer
 
 FORMAT = 1
@@ -130,41 +129,38 @@ def _read_local(path: str, pg, model, optimizer, extra_state) -> dict:
     return loaded
 
 
-def resume(pg, model, optimizer, extra_state, path: str, step: int) -> dict:
-    """Loads the checkpoint in ``path`` into the loop's objects on every rank of ``pg``
-    (collective: one agreement, which a ZeRO optimizer's replication joins). Returns the loader
-    state to go on from, plus "load_s" and "bytes_read".
-
-    Raises:
-        InvalidInputError: the checkpoint is of another optimizer or extra state (every rank).
-        ProcFailedError: a rank could not read its part, or failed; nothing was applied (the
-            model may be half loaded: start the run again).
-    """
-    t0 = time.perf_counter()
-    loaded, error = None, None
-    try:
-        loaded = _read_local(path, pg, model, optimizer, extra_state)
-    except (OSError, RuntimeError, KeyError, ValueError) as exc:  # InvalidInputError is a ValueError
-        error = exc
-    try:
-        if isinstance(optimizer, ZeroRedundancyOptimizer):
-            optimizer.load_checkpoint(loaded["shard"] if loaded else None, loaded["settings"] if loaded else None, step)
-        else:
-            with agreed(pg.comm, f"loading the checkpoint of step {step}", step=step, timeout=pg.timeout) as outcome:
-                if loaded is None:
-                    outcome.fail(error)
-    except FtError:
-        if isinstance(error, InvalidInputError):
-            raise error from None  # the same mismatch on every rank
-        raise
-    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+def _apply(pg, optimizer, extra_state, loaded: dict, step: int) -> dict:
+    """Makes what ``_read_local`` read current (collective with a ZeRO optimizer: its shards are
+    replicated and agreed on); returns the loader state to go on from."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.load_checkpoint(loaded["shard"], loaded["settings"], step)
+    else:
         optimizer.load_state_dict(loaded["optimizer"])
     objects = loaded["objects"]
     for i, obj in enumerate(extra_state):
         obj.load_state_dict(objects[f"extra.{i}"])
     _set_rng_states(objects[loaded["rng"]])
-    return {**objects["loader"], "load_s": time.perf_counter() - t0,
-            "bytes_read": loaded["bytes"] + (loaded["shard"]["bytes"] if "shard" in loaded else 0)}
+    return {**objects["loader"], "bytes_read": loaded["bytes"] + (loaded["shard"]["bytes"] if "shard" in loaded else 0)}
+
+
+def resume(pg, model, optimizer, extra_state, root: str, log=None) -> dict | None:
+    """Loads the newest complete checkpoint under ``root`` that every rank can read into the loop's
+    objects, on every rank of ``pg`` (collective; ``training.checkpoint.resume.load_newest``).
+    Returns the loader state to go on from, plus "step", "path", "load_s" and "bytes_read"; None
+    when there is no complete checkpoint.
+
+    Raises:
+        InvalidInputError: the checkpoint is of another model, optimizer or extra state (every rank).
+        StateLostError: no complete checkpoint could be read on every rank.
+        ProcFailedError etc.: a rank failed meanwhile (the model may be half loaded: start again).
+    """
+    t0 = time.perf_counter()
+    found = load_newest(pg.comm, root, lambda path, step: _read_local(path, pg, model, optimizer, extra_state),
+                        lambda path, step, loaded: _apply(pg, optimizer, extra_state, loaded, step), log, pg.timeout)
+    if found is None:
+        return None
+    step, path, state = found
+    return {**state, "step": step, "path": path, "load_s": time.perf_counter() - t0}
 
 
 class LoopCheckpoints:
@@ -183,17 +179,16 @@ class LoopCheckpoints:
         self._recoveries_seen = 0
 
     def resume(self, pg, model, optimizer, extra_state) -> dict | None:
-        """The newest complete checkpoint loaded (every rank agrees which), or None."""
-        found = agreed_latest(pg.comm, self.directory, pg.timeout)
-        if found is None:
+        """The newest complete checkpoint every rank can read, loaded, or None (``resume``)."""
+        state = resume(pg, model, optimizer, extra_state, self.directory, self.log)
+        if state is None:
             return None
-        state = resume(pg, model, optimizer, extra_state, found[1], found[0])
         if self.writer is not None:
             self.writer.schedule.costs.load_s = state["load_s"]
-        self.log(event="resumed", step=found[0], path=found[1], world_size=pg.size(),
+        self.log(event="resumed", step=state["step"], path=state["path"], world_size=pg.size(),
                  bytes_read=state["bytes_read"], load_s=round(state["load_s"], 6))
         if pg.rank() == 0:
-            print(f"ftcomm: resumed from {found[1]} (step {found[0]}) at world size {pg.size()} in "
+            print(f"ftcomm: resumed from {state['path']} (step {state['step']}) at world size {pg.size()} in "
                   f"{state['load_s']:.2f} s", file=sys.stderr, flush=True)
         return state
 

@@ -255,19 +255,17 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._master.params_to_device()
 
     # -- disk checkpoints (checkpoint.py) -----------------------------------------------------
-    def load_checkpoint(self, shard: dict | None, settings: list | None, step: int) -> None:
+    def load_checkpoint(self, shard: dict, settings: list, step: int) -> None:
         """Makes a disk checkpoint's state current, collectively: the parameters as the model
         now holds them (loaded by the caller), this rank's shard of the state (``shard``, from
-        ``training.checkpoint.sharded.read_optimizer``; None when this rank could not read its
-        part, and every rank then raises), the groups' ``settings``, committed at ``step``.
+        ``training.checkpoint.sharded.read_optimizer``), the groups' ``settings``, committed at
+        ``step``.
 
         Raises:
-            ProcFailedError etc.: a rank failed or could not read; the state is as before.
+            ProcFailedError etc.: a rank failed; the state is as before.
         """
         self._master.params_from_device()
-        empty = {name: np.zeros(0, np.float32) for name in self._engine.stepper.slots[1:]}
-        self._engine.load_shard(shard["slots"] if shard else empty, shard["scalars"] if shard else None, step,
-                                shard["meta"] if shard else {}, ok=shard is not None)
+        self._engine.load_shard(shard["slots"], shard["scalars"], step, shard["meta"])
         self.take_settings(settings)
         self._master.params_to_device()
 

@@ -42,7 +42,7 @@ from ..core.outcome import retrying
 from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError, StateLostError
 from ..core import runtime
 from . import checkpoint
-from .checkpoint import resume, sharded
+from .checkpoint import sharded
 from .events import EventLog
 
 
@@ -127,7 +127,15 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy: str | None,
+@dataclass
+class _Disk:
+    """The run's disk tier: its directory, and the writer of its checkpoints (None: none written)."""
+
+    directory: str
+    writer: object = None
+
+
+def _recover(state: State, error: FtError, log: EventLog, disk: _Disk | None, policy: str | None,
              max_attempts: int = 8) -> dict:
     """Recovers and rebuilds until a rebuild commits (a failure may hit the recovery itself: the
     old holdings stay intact until a rebuild commits, so it simply starts over). Returns the
@@ -144,7 +152,7 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy
             fault.point("shrink", comm.world_rank, opt.step_id + 1)
             comm = comm.recover(policy=policy)  # from the latest one, if a rebuild failed
             recover_s += time.perf_counter() - t0
-            report = _rebuild_or_restore(state, comm, log, checkpoint_dir)
+            report = _rebuild_or_restore(state, comm, log, disk)
     state.restore(opt.committed_meta)
     event = comm.recovery or RecoveryEvent()
     event.lost_world_ranks = sorted(set(before.world_ranks) - set(comm.world_ranks))
@@ -163,7 +171,7 @@ def _recover(state: State, error: FtError, log: EventLog, checkpoint_dir, policy
     return log(event="recovered", **event.as_dict())
 
 
-def _rebuild_or_restore(state: State, comm, log: EventLog, checkpoint_dir) -> dict:
+def _rebuild_or_restore(state: State, comm, log: EventLog, disk: _Disk | None) -> dict:
     """The rebuild from memory, or, when a shard and all its replicas are lost, the disk
     checkpoint (``_disk_fallback``)."""
     opt = state.optimizer
@@ -172,25 +180,29 @@ def _rebuild_or_restore(state: State, comm, log: EventLog, checkpoint_dir) -> di
     except StateLostError as lost:
         if set(comm.world_ranks) - set(opt.layout.world_ranks):
             raise  # a newcomer has nothing to restore a disk checkpoint into: fail uniformly
-        return _disk_fallback(state, comm, lost, log, checkpoint_dir)
+        return _disk_fallback(state, comm, lost, log, disk)
 
 
-def _disk_fallback(state: State, comm, lost: StateLostError, log: EventLog, checkpoint_dir) -> dict:
-    """Restores the newest complete disk checkpoint after a StateLostError, or re-raises it if
-    there is none."""
-    opt, found = state.optimizer, checkpoint.latest(checkpoint_dir)
+def _disk_fallback(state: State, comm, lost: StateLostError, log: EventLog, disk: _Disk | None) -> dict:
+    """Restores the newest complete disk checkpoint every survivor can read after a
+    StateLostError, or re-raises it if there is none."""
+    opt = state.optimizer
     log(event="state_lost", step=opt.step_id, lost_shards=lost.lost_shards,
-        failed_ranks=lost.failed_ranks, message=str(lost), fallback=found is not None)
-    if found is None:
+        failed_ranks=lost.failed_ranks, message=str(lost), fallback=disk is not None)
+    if disk is None:
         raise lost
+    if disk.writer is not None:
+        disk.writer.wait_published()  # this rank may be renaming the newest one right now
     t0 = time.perf_counter()
-    disk = sharded.restore(opt, state.model, comm, found[1], found[0])
-    log(event="disk_restore", step=disk["step"], lost_step=lost.step, bytes_read=disk["bytes_read"])
+    restored = sharded.resume(opt, state.model, comm, disk.directory, log)
+    if restored is None:
+        raise lost
+    log(event="disk_restore", step=restored["step"], lost_step=lost.step, bytes_read=restored["bytes_read"])
     return {"bytes_moved": 0, "rebuild_s": time.perf_counter() - t0, "from_replica": [],
-            "disk_restore": disk["step"]}
+            "disk_restore": restored["step"]}
 
 
-def _scrub(state: State, log: EventLog, checkpoint_dir) -> None:
+def _scrub(state: State, log: EventLog, disk: _Disk | None) -> None:
     """``check_state()`` of the state's optimizer after a committed step, logged. A copy that
     nothing intact can replace (``replicas=0``, or a shard and all its replicas corrupted) is a
     StateLostError on a healthy communicator: the disk checkpoint then, as after losing ranks,
@@ -199,7 +211,7 @@ def _scrub(state: State, log: EventLog, checkpoint_dir) -> None:
     try:
         found = opt.check_state()
     except StateLostError as lost:
-        _disk_fallback(state, opt.comm, lost, log, checkpoint_dir)
+        _disk_fallback(state, opt.comm, lost, log, disk)
         state.restore(opt.committed_meta)
         return
     if found is not None:
@@ -292,13 +304,14 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
                                             timeout=opt.timeout)
         if resumed is not None:
             ckpt.schedule.costs.load_s = resumed["load_s"]
+    disk = _Disk(checkpoint_dir, ckpt) if checkpoint_dir else None
 
     def recovered(error: FtError) -> dict:
         """Recovers from ``error`` (or re-raises it past ``max_recoveries``); the event."""
         summary.failures += 1
         if summary.failures > max_recoveries:
             raise error
-        summary.events.append(_recover(state, error, log, checkpoint_dir, policy))
+        summary.events.append(_recover(state, error, log, disk, policy))
         if on_recover is not None:
             on_recover(state, summary.events[-1])
         bar.set_postfix(world=opt.comm.size)
@@ -337,7 +350,7 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         bar.set_postfix(loss=f"{loss:.4f}", world=opt.comm.size)
         if check_every and opt.step_id % check_every == 0:
             try:
-                _scrub(state, log, checkpoint_dir)
+                _scrub(state, log, disk)
             except FtError as error:  # the step stays committed; the recovery rebuilds it
                 waiting_first_commit = recovered(error)
     bar.close()
@@ -370,20 +383,19 @@ def _finish_checkpoints(ckpt, comm, log: EventLog) -> None:
 
 
 def _resume(state: State, checkpoint_dir: str, log: EventLog) -> dict | None:
-    """Loads the newest complete checkpoint, if there is one (every rank agrees which): the
-    optimizer then stands at its step, re-sharded over this job's ranks. Logs "resumed"."""
+    """Loads the newest complete checkpoint every rank can read, if there is one: the optimizer
+    then stands at its step, re-sharded over this job's ranks. Logs "resumed"."""
     opt = state.optimizer
-    found = resume.agreed_latest(opt.comm, checkpoint_dir, opt.timeout)
-    if found is None:
-        return None
     t0 = time.perf_counter()
-    loaded = sharded.restore(opt, state.model, opt.comm, found[1], found[0])
+    loaded = sharded.resume(opt, state.model, opt.comm, checkpoint_dir, log)
+    if loaded is None:
+        return None
     state.restore(opt.committed_meta)
     loaded["load_s"] = time.perf_counter() - t0
-    log.record(event="resumed", step=found[0], path=found[1], world_size=opt.comm.size,
+    log.record(event="resumed", step=loaded["step"], path=loaded["path"], world_size=opt.comm.size,
                from_world_size=loaded["from_world_size"], bytes_read=loaded["bytes_read"],
                load_s=round(loaded["load_s"], 6))
     if opt.comm.rank == 0:
-        print(f"ftcomm: resumed from {found[1]} (step {found[0]}, written by {loaded['from_world_size']} ranks) at "
-              f"world size {opt.comm.size} in {loaded['load_s']:.2f} s", file=sys.stderr, flush=True)
+        print(f"ftcomm: resumed from {loaded['path']} (step {loaded['step']}, written by {loaded['from_world_size']} "
+              f"ranks) at world size {opt.comm.size} in {loaded['load_s']:.2f} s", file=sys.stderr, flush=True)
     return loaded

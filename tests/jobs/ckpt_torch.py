@@ -7,7 +7,7 @@ with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on e
     --kill-node NODE@STEP           on the first launch (FTCOMM_RESTART=0) the ranks of NODE crash it
                                     at the start of step STEP (their PRRTE daemon and themselves are
                                     SIGKILLed): the whole job ends
-    --stop-at S                     ends after applied step S, with its checkpoint on disk
+    --stop-at S                     ends after applied step S (S a multiple of N: its checkpoint on disk)
 Kills come from FTCOMM_FAULT (points checkpoint_stage, checkpoint_write, checkpoint_publish,
 checkpoint_rename, or any other).
 

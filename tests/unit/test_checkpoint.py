@@ -5,6 +5,7 @@ writer's life cycle with a stand-in communicator whose agreement ANDs the flags 
 import math
 import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from ftcomm.goodput import model as goodput
 from ftcomm.training.checkpoint import AsyncCheckpointer, Blob, Piece, Whole, directory, interval, sharded
-from ftcomm.training.checkpoint.dcp_parts import join_parts, read, write_part
+from ftcomm.errors import InvalidInputError, StateLostError
+from ftcomm.training.checkpoint import resume
+from ftcomm.training.checkpoint.dcp_parts import CheckpointIOError, data_files, join_parts, read, verify, write_part
 from ftcomm.training.checkpoint.staging import StagingBuffers
 
 
@@ -32,7 +35,8 @@ def test_parts_join_into_a_checkpoint_torch_reads(tmp_path):
     full, w = torch.randn(1001), torch.randn(7, 5)
     write_sharded(tmp_path, 3, full, {0: {"model.w": Whole(w), "loader": Blob({"epoch": 2, "used": 64})},
                                       2: {"rng.2": Blob(b"\x01\x02")}})
-    assert sorted(os.listdir(tmp_path)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    assert sorted(os.listdir(tmp_path)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
+                                            "ftcomm.checksums"]
     state = {"optim": {"exp_avg": torch.zeros(1001)}, "model": {"w": torch.zeros(7, 5)}}
     dcp.load(state, checkpoint_id=str(tmp_path), no_dist=True)  # torch's reader, nested names
     assert torch.equal(state["optim"]["exp_avg"], full) and torch.equal(state["model"]["w"], w)
@@ -151,7 +155,7 @@ def test_auto_schedule_restarts_the_same_everywhere_after_a_new_group():
 
 class FakeComm:
     """One rank of a group whose agreement ANDs this rank's flag with ``others`` (the flags the
-    other ranks would pass)."""
+    other ranks would pass), and whose min/max round sees only this rank."""
 
     def __init__(self, rank=0, size=1, others=()):
         self.rank, self.size, self.world_rank = rank, size, rank
@@ -164,6 +168,9 @@ class FakeComm:
             flag &= other
         self.agreements.append(flag)
         return flag
+
+    def minmax(self, values, timeout=None):
+        return list(values), list(values)
 
 
 def entries(value: float) -> dict:
@@ -231,3 +238,79 @@ def test_a_new_group_abandons_the_write_in_flight(tmp_path):
     ckpt.close()
     assert ckpt.completed == [] and events[0]["event"] == "checkpoint_abandoned"
     assert new.agreements == []  # nothing in flight on the new group: no agreement
+
+
+def test_a_write_error_is_an_os_error_and_the_writer_abandons_that_checkpoint(tmp_path):
+    blocked = tmp_path / "blocked"
+    (blocked / "__0_0.distcp").mkdir(parents=True)  # DCP cannot create its data file there
+    with pytest.raises(CheckpointIOError, match="IsADirectoryError"):
+        write_part(str(blocked), 0, entries(1.0))
+    events = []
+    ckpt, comm = AsyncCheckpointer(tmp_path / "ckpt", every=2, log=lambda **e: events.append(e)), FakeComm()
+    ckpt.at_step(comm, 1, entries(1.0))
+    token = ckpt._token(comm)
+    (Path(directory.temporary_dir(ckpt.root, 2, token)) / "__0_0.distcp").mkdir(parents=True)
+    for step in (2, 3, 4):
+        ckpt.at_step(comm, step, entries(float(step)))
+        if ckpt._write is not None:
+            ckpt._write.future.exception()  # let the write end before the next boundary
+    ckpt.finish(comm)
+    ckpt.close()
+    assert [e["step"] for e in events if e["event"] == "checkpoint_abandoned"] == [2] and ckpt.completed == [4]
+    assert directory.complete_steps(ckpt.root) == [4]
+
+
+def test_verify_finds_a_flipped_bit(tmp_path):
+    write_sharded(tmp_path, 2, torch.arange(100.0))
+    verify(str(tmp_path), data_files(str(tmp_path)))
+    with open(tmp_path / "__1_0.distcp", "r+b") as f:
+        f.seek(300)
+        byte = f.read(1)
+        f.seek(300)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(CheckpointIOError, match="__1_0.distcp: checksum"):
+        verify(str(tmp_path), data_files(str(tmp_path)))
+
+
+def _published(root, step, value, parts=2):
+    tmp = directory.temporary_dir(str(root), step, "0-x")
+    write_sharded(tmp, parts, torch.full((100,), value))
+    directory.publish(str(root), tmp, step)
+
+
+def _reader(path, step):
+    out = torch.zeros(100)
+    read(path, {"optim.exp_avg": out})
+    return out
+
+
+def test_resume_skips_a_damaged_checkpoint_for_the_one_before(tmp_path, capsys):
+    _published(tmp_path, 4, 4.0)
+    _published(tmp_path, 8, 8.0)
+    damaged = directory.step_dir(str(tmp_path), 8)
+    with open(os.path.join(damaged, "__0_0.distcp"), "r+b") as f:
+        f.seek(-20, os.SEEK_END)
+        f.write(b"\0" * 8)
+    events = []
+    step, path, loaded = resume.load_newest(FakeComm(), str(tmp_path), _reader, lambda p, s, x: x,
+                                            lambda **e: events.append(e))
+    assert step == 4 and torch.equal(loaded, torch.full((100,), 4.0))
+    assert [e["step"] for e in events] == [8] and "checkpoint_unusable" == events[0]["event"]
+    assert "cannot use checkpoint" in capsys.readouterr().err
+
+
+def test_resume_raises_when_no_checkpoint_can_be_read_and_on_another_model(tmp_path):
+    assert resume.load_newest(FakeComm(), str(tmp_path / "none"), _reader, lambda p, s, x: x) is None
+    _published(tmp_path, 4, 4.0)
+
+    def other_model(path, step):
+        raise InvalidInputError("another model")
+
+    with pytest.raises(InvalidInputError, match="another model"):
+        resume.load_newest(FakeComm(), str(tmp_path), other_model, lambda p, s, x: x)
+    # a rank that read it well, while another found another model: the same error, on every rank
+    with pytest.raises(InvalidInputError, match="found on another rank"):
+        resume.load_newest(FakeComm(others=[1]), str(tmp_path), _reader, lambda p, s, x: x)
+    os.unlink(os.path.join(directory.step_dir(str(tmp_path), 4), "__1_0.distcp"))
+    with pytest.raises(StateLostError, match="could be read on every rank"):
+        resume.load_newest(FakeComm(), str(tmp_path), _reader, lambda p, s, x: x)

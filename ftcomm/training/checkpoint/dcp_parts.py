@@ -19,17 +19,28 @@ writes the one ``.metadata`` DCP readers look for. The directory is then an ordi
 checkpoint: ``torch.distributed.checkpoint.load``, ``format_utils.dcp_to_torch_save`` and any
 other DCP reader take it, at any world size. ``read`` loads what one rank needs: whole tensors,
 objects, and slices of shared tensors (re-sharding: a slice may span several writers' chunks).
+
+Silent corruption at rest: every data file's XXH3-64 is taken while it is written (``_Digests``:
+no second pass over the bytes) and kept in ``ftcomm.checksums`` beside ``.metadata`` (torch's
+readers ignore it); ``verify`` checks files against it.
+
+DCP reports its I/O errors as ``CheckpointException``, a ``BaseException`` that ``except
+Exception`` misses; every function here raises ``CheckpointIOError`` (an ``OSError``) instead.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+import xxhash
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import (DefaultLoadPlanner, DefaultSavePlanner,
                                                           create_default_local_load_plan)
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
@@ -39,6 +50,21 @@ from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWrit
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 METADATA = ".metadata"  # DCP's name for a checkpoint's index
+CHECKSUMS = "ftcomm.checksums"  # {data file: XXH3-64 hex digest}, written by join_parts
+
+
+class CheckpointIOError(OSError):
+    """A checkpoint could not be written or read (DCP's ``CheckpointException``, or a file whose
+    checksum is wrong), naming the directory and the cause."""
+
+
+@contextmanager
+def _as_os_errors(what: str):
+    try:
+        yield
+    except CheckpointException as exc:
+        causes = "; ".join(f"{type(e).__name__}: {e}" for e in getattr(exc, "failures", {}).values()) or str(exc)
+        raise CheckpointIOError(f"{what}: {causes}") from None
 
 
 @dataclass
@@ -110,12 +136,61 @@ class _PartPlanner(DefaultSavePlanner):
         return self.state_dict[index.fqn]
 
 
+class _HashingStream:
+    """A binary file being written, whose bytes also go through XXH3-64."""
+
+    def __init__(self, raw, on_close):
+        self.raw, self.on_close, self.hash = raw, on_close, xxhash.xxh3_64()
+
+    def write(self, data) -> int:
+        self.hash.update(data)
+        return self.raw.write(data)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        if not self.raw.closed:
+            self.raw.close()
+            self.on_close(self.hash.hexdigest())
+
+
+class _Digests(FileSystem):
+    """DCP's file system, keeping the XXH3-64 of every file written through it ({name: hex})."""
+
+    def __init__(self):
+        super().__init__()
+        self.digests: dict[str, str] = {}
+
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        name = os.path.basename(str(path))
+        with open(path, mode) as raw:
+            stream = _HashingStream(raw, lambda digest: self.digests.__setitem__(name, digest))
+            try:
+                yield stream
+            finally:
+                stream.close()
+
+
 class _PartWriter(FileSystemWriter):
-    """DCP's file writer, with this rank's file names and its share of the metadata in a part file."""
+    """DCP's file writer, with this rank's file names and its share of the metadata in a part file
+    (its data files' digests among it)."""
 
     def __init__(self, path: str, rank: int):
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
         self.part_rank = rank
+        self.fs = _Digests()
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         return [dataclasses.replace(p, storage_data=_Prefix(f"__{self.part_rank}_")) for p in plans]
@@ -123,7 +198,8 @@ class _PartWriter(FileSystemWriter):
     def finish(self, metadata: Metadata, results) -> None:
         path = os.path.join(self.path, part_file(self.part_rank))
         with open(path + ".tmp", "wb") as f:
-            pickle.dump({"metadata": metadata, "results": [r for rs in results for r in rs]}, f)
+            pickle.dump({"metadata": metadata, "results": [r for rs in results for r in rs],
+                         "digests": dict(self.fs.digests)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
@@ -141,7 +217,8 @@ def write_part(directory: str, rank: int, entries: dict) -> int:
     """
     os.makedirs(directory, exist_ok=True)
     state = {fqn: (e.value if isinstance(e, Blob) else e.tensor) for fqn, e in entries.items()}
-    dcp.save(state, storage_writer=_PartWriter(directory, rank), planner=_PartPlanner(entries), no_dist=True)
+    with _as_os_errors(f"writing rank {rank}'s part of {directory}"):
+        dcp.save(state, storage_writer=_PartWriter(directory, rank), planner=_PartPlanner(entries), no_dist=True)
     prefix = f"__{rank}_"
     return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
                if name.startswith(prefix) or name == part_file(rank))
@@ -155,11 +232,15 @@ def join_parts(directory: str, ranks: int) -> None:
         OSError: a part file is missing or unreadable.
         ValueError: two parts describe one tensor differently (they come from different runs).
     """
-    tensors, others, results = {}, {}, []
+    tensors, others, results, digests = {}, {}, [], {}
     for rank in range(ranks):
-        with open(os.path.join(directory, part_file(rank)), "rb") as f:
-            part = pickle.load(f)
+        try:
+            with open(os.path.join(directory, part_file(rank)), "rb") as f:
+                part = pickle.load(f)
+        except (EOFError, pickle.UnpicklingError) as exc:
+            raise CheckpointIOError(f"{directory}: rank {rank}'s part file is damaged: {exc}") from None
         results.append(part["results"])
+        digests.update(part.get("digests", {}))
         for fqn, md in part["metadata"].state_dict_metadata.items():
             if not isinstance(md, TensorStorageMetadata):
                 others[fqn] = md
@@ -170,9 +251,51 @@ def join_parts(directory: str, ranks: int) -> None:
                                  f"{md.properties.dtype} {tuple(md.size)}, another's as "
                                  f"{have.properties.dtype} {tuple(have.size)}")
             have.chunks.extend(md.chunks)
+    _write_synced(os.path.join(directory, CHECKSUMS), json.dumps(digests, sort_keys=True).encode())
     FileSystemWriter(directory, sync_files=True).finish(Metadata({**tensors, **others}), results)
     for rank in range(ranks):
         os.unlink(os.path.join(directory, part_file(rank)))
+
+
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def data_files(directory: str) -> dict[str, str] | None:
+    """{data file: expected XXH3-64 hex digest} of a joined checkpoint; None when it has no record
+    of them (written by another tool)."""
+    try:
+        with open(os.path.join(directory, CHECKSUMS)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CheckpointIOError(f"{directory}: its checksum record is unreadable: {exc}") from None
+
+
+def verify(directory: str, names) -> None:
+    """Reads the data files ``names`` of a joined checkpoint whole and checks each against its
+    recorded XXH3-64.
+
+    Raises:
+        CheckpointIOError: a file is missing, unreadable, or its digest differs (naming it).
+    """
+    expected = data_files(directory) or {}
+    for name in names:
+        h = xxhash.xxh3_64()
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+        except OSError as exc:
+            raise CheckpointIOError(f"{directory}/{name}: {exc}") from None
+        if h.hexdigest() != expected.get(name):
+            raise CheckpointIOError(f"{directory}/{name}: checksum {h.hexdigest()}, recorded "
+                                    f"{expected.get(name)}: the file changed after it was written")
 
 
 def is_complete(directory: str) -> bool:
@@ -203,8 +326,15 @@ class _SliceLoader(DefaultLoadPlanner):
 
 
 def read_metadata(directory: str) -> Metadata:
-    """The checkpoint's index: ``state_dict_metadata`` names every entry with its size."""
-    return FileSystemReader(directory).read_metadata()
+    """The checkpoint's index: ``state_dict_metadata`` names every entry with its size.
+
+    Raises:
+        CheckpointIOError: it cannot be read.
+    """
+    try:
+        return FileSystemReader(directory).read_metadata()
+    except (OSError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointIOError(f"{directory}: its {METADATA} is unreadable: {exc}") from None
 
 
 def read(directory: str, tensors: dict, slices: dict | None = None, objects: tuple = ()) -> dict:
@@ -220,9 +350,11 @@ def read(directory: str, tensors: dict, slices: dict | None = None, objects: tup
         {name: object} for ``objects``.
 
     Raises:
-        OSError: a file is missing; RuntimeError (torch's): an entry is missing or of another size.
+        CheckpointIOError: a file is missing or damaged, an entry missing or of another size.
     """
     state = dict(tensors)
     state.update({name: None for name in objects})
-    dcp.load(state, storage_reader=FileSystemReader(directory), planner=_SliceLoader(slices or {}), no_dist=True)
+    with _as_os_errors(f"reading {directory}"):
+        dcp.load(state, storage_reader=FileSystemReader(directory), planner=_SliceLoader(slices or {}),
+                 no_dist=True)
     return {name: state[name] for name in objects}

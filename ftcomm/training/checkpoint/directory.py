@@ -20,7 +20,7 @@ import shutil
 from . import dcp_parts
 
 _COMPLETE = re.compile(r"step(\d{8,})$")
-_TEMPORARY = re.compile(r"step(\d{8,})\.tmp-[\w-]+$")
+_TEMPORARY = re.compile(r"step(\d{8,})(\.tmp-[\w-]+|\.replaced)$")
 
 
 def step_dir(root: str, step: int) -> str:
@@ -80,8 +80,8 @@ def publish(root: str, temporary: str, step: int) -> str:
 
 def prune(root: str, keep: int, older_than: int) -> list[str]:
     """Removes complete checkpoints older than the newest ``keep``, and the temporary ones of
-    writes that never completed, for steps up to ``older_than`` (a later step's may be being
-    written now). Returns the names removed."""
+    writes that never completed (and a ``.replaced`` one a publish left), for steps up to
+    ``older_than`` (a later step's may be being written now). Returns the names removed."""
     removed = []
     steps = complete_steps(root)
     for step in steps[:-keep] if keep > 0 else []:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 from ...core.outcome import agreed
@@ -28,7 +27,7 @@ from ...errors import FtError, InvalidInputError, StateLostError
 from ..layout import ShardLayout
 from . import directory
 from .dcp_parts import Blob, Piece, Whole, join_parts, read, read_metadata, write_part
-from .resume import agreed_latest
+from .resume import load_newest
 
 FORMAT = 1
 
@@ -101,45 +100,75 @@ def read_optimizer(opt, path: str, comm, prefix: str = "optim") -> dict:
             "bytes": sum(t.numel() * 4 for t in slots.values())}
 
 
+def check_model(index: dict, state_dict: dict, path: str, prefix: str = "model") -> None:
+    """Whether the checkpoint (its ``state_dict_metadata``) holds every tensor of a model's
+    ``state_dict()`` with the same shape and dtype.
+
+    Raises:
+        InvalidInputError: naming the first few that differ (a checkpoint of another model).
+    """
+    wrong = []
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        saved = index.get(f"{prefix}.{name}")
+        if saved is None:
+            wrong.append(f"{name} missing")
+        elif tuple(saved.size) != tuple(tensor.shape) or saved.properties.dtype != tensor.dtype:
+            wrong.append(f"{name} {saved.properties.dtype} {tuple(saved.size)} there, "
+                         f"{tensor.dtype} {tuple(tensor.shape)} here")
+    if wrong:
+        raise InvalidInputError(f"checkpoint {path} is of another model: {'; '.join(wrong[:4])}"
+                                + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""))
+
+
 def read_model(path: str, state_dict: dict, prefix: str = "model") -> int:
     """Loads every tensor of a model's ``state_dict()`` from ``path`` in place (every rank reads
-    the whole model). Returns the bytes read."""
+    the whole model), after checking that the checkpoint is of this model. Returns the bytes
+    read.
+
+    Raises:
+        InvalidInputError: the checkpoint is of another model.
+        CheckpointIOError: a file is missing or damaged.
+    """
+    check_model(read_metadata(path).state_dict_metadata, state_dict, path, prefix)
     tensors = {f"{prefix}.{k}": v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
     with torch.no_grad():
         read(path, tensors)
     return sum(v.numel() * v.element_size() for v in tensors.values())
 
 
-def restore(opt, model, comm, path: str, step: int) -> dict:
-    """Loads the checkpoint in ``path`` (of committed ``step``) into ``model`` (every rank: the
-    whole model) and ``opt`` (every rank: its shard of the layout over ``comm``, re-sharded from
-    whatever world size wrote it), then replicates and agrees (``ShardedOptimizer.load_shard``).
-    Collective over ``comm``: the optimizer's communicator, or the survivors' one after a
-    failure that lost a shard with all its replicas.
+def resume(opt, model, comm, root: str, log=None) -> dict | None:
+    """Loads the newest complete checkpoint under ``root`` that every rank can read
+    (``resume.load_newest``) into ``model`` (every rank: the whole model) and ``opt`` (every
+    rank: its shard of the layout over ``comm``, re-sharded from whatever world size wrote it),
+    then replicates and agrees (``ShardedOptimizer.load_shard``). Collective over ``comm``: the
+    optimizer's communicator, or the survivors' after a failure that lost a shard with all its
+    replicas.
 
     Returns:
-        {"step", "bytes_read" (this rank), "meta" (this rank's committed metadata),
-        "from_world_size"}.
+        {"step", "path", "bytes_read" (this rank), "meta" (this rank's committed metadata),
+        "from_world_size"}, or None when there is no complete checkpoint.
 
     Raises:
         InvalidInputError: the checkpoint is of another model or optimizer (every rank).
-        ProcFailedError: a rank could not read its part, or failed; nothing changed.
+        StateLostError: no complete checkpoint could be read on every rank.
+        ProcFailedError etc.: a rank failed; the optimizer is as before.
     """
-    part, error, nbytes = None, None, 0
-    try:
+    def read_local(path, step):
         nbytes = read_model(path, model.state_dict())
         part = read_optimizer(opt, path, comm)
-    except (OSError, RuntimeError, KeyError, ValueError) as exc:  # InvalidInputError is a ValueError
-        error = exc
-    empty = {s: np.zeros(0, np.float32) for s in opt.stepper.slots[1:]}
-    try:
-        opt.load_shard(part["slots"] if part else empty, part["scalars"] if part else None, step,
-                       part["meta"] if part else {}, ok=part is not None, comm=comm)
-    except FtError:
-        if isinstance(error, InvalidInputError):
-            raise error from None  # every rank read the same record and found the same mismatch
-        raise
-    return {"step": step, "bytes_read": nbytes + part["bytes"], "meta": part["meta"],
+        return {**part, "bytes": part["bytes"] + nbytes}
+
+    def apply(path, step, part):
+        opt.load_shard(part["slots"], part["scalars"], step, part["meta"], comm=comm)
+        return part
+
+    found = load_newest(comm, root, read_local, apply, log, opt.timeout)
+    if found is None:
+        return None
+    step, path, part = found
+    return {"step": step, "path": path, "bytes_read": part["bytes"], "meta": part["meta"],
             "from_world_size": len(part["format"]["world_ranks"])}
 
 
@@ -167,13 +196,13 @@ def save(opt, model, root: str) -> dict:
 
 
 def restore_latest(opt, model, comm, root: str) -> dict:
-    """``restore`` of the newest complete checkpoint under ``root`` (the one every rank sees).
+    """``resume``, for a caller that needs a checkpoint.
 
     Raises:
-        StateLostError: there is no complete checkpoint.
-        As ``restore``.
+        StateLostError: there is no complete checkpoint that every rank can read.
+        As ``resume``.
     """
-    found = agreed_latest(comm, root, opt.timeout)
+    found = resume(opt, model, comm, root)
     if found is None:
         raise StateLostError(f"no complete checkpoint in {root!r}", step=opt.step_id)
-    return restore(opt, model, comm, found[1], found[0])
+    return found

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -172,8 +173,7 @@ class AsyncCheckpointer:
 
     def _start(self, comm, step: int, entries: dict) -> None:
         self._wait_abandoned()  # their threads may still read the staging buffers
-        token = f"{settings.restart_count()}-{zlib.crc32(repr(tuple(comm.world_ranks)).encode()):08x}"
-        temporary = directory.temporary_dir(self.root, step, token)
+        temporary = directory.temporary_dir(self.root, step, self._token(comm))
         t0 = time.perf_counter()
         try:
             fault.point("checkpoint_stage", comm.world_rank, step)
@@ -185,6 +185,12 @@ class AsyncCheckpointer:
         stall = time.perf_counter() - t0
         self._write = _Write(step, comm, temporary, future, stall, time.perf_counter())
         self.schedule.started(step)
+
+    @staticmethod
+    def _token(comm) -> str:
+        """What tells the temporary directories of different launches and groups apart, the same
+        on every rank of one group: the launch number and a CRC of the group's world ranks."""
+        return f"{settings.restart_count()}-{zlib.crc32(repr(tuple(comm.world_ranks)).encode()):08x}"
 
     @staticmethod
     def _write_part(temporary: str, rank: int, world_rank: int, step: int, staged: dict) -> dict:
@@ -214,8 +220,10 @@ class AsyncCheckpointer:
             fault.point("checkpoint_rename", world_rank, step)
             final = directory.publish(self.root, temporary, step)
             removed = directory.prune(self.root, self.keep, older_than=step)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError) as error:  # the parts' own errors come as CheckpointIOError (an OSError)
             self.log(event="checkpoint_publish_failed", step=step, error=str(error))
+            print(f"ftcomm: the checkpoint of step {step} could not be published ({error}); the complete "
+                  "checkpoints stay as they were", file=sys.stderr, flush=True)
             return
         self.log(event="checkpoint_published", step=step, path=final, removed=removed)
 
