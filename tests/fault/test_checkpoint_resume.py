@@ -123,3 +123,17 @@ def test_auto_interval_is_chosen_alike_on_every_rank_and_logged(tmp_path):
     for before, after in zip(written, written[1:]):
         assert after - before >= chosen.get(before, 8), (written, chosen)
     assert checkpoint.complete_steps(ckpt)[-1] == written[-1]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(stopped_at_12, tmp_path):
+    saved, first = stopped_at_12
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    damaged = ckpt / "step00000012" / "__2_0.distcp"  # the part rank 2 wrote; read back by rank 0 of 2
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x04  # one flipped bit in the middle of a tensor
+    damaged.write_bytes(bytes(data))
+    res = _run(2, ckpt, "--stop-at", "14")
+    resumed = _one(res, event="resumed")
+    assert resumed["step"] == 8 and resumed["hash"] == _one(first, event="state", step=8)["hash"]
+    assert "__2_0.distcp: checksum" in res.stderr and "is unusable on some rank" in res.stderr, res.describe()
