@@ -137,7 +137,7 @@ class AsyncCheckpointer:
                 self._missed = (step, entries)
                 self.log(event="checkpoint_skipped", step=step, in_flight=self._write.step)
             else:
-                self._start(comm, step, entries() if callable(entries) else entries)
+                self._start(comm, step, entries)
         self._boundary = time.perf_counter()
 
     def _follow(self, comm, step: int) -> None:
@@ -171,13 +171,15 @@ class AsyncCheckpointer:
         elif agreed & _DONE:
             self._complete(comm, w, agreed >> 2)
 
-    def _start(self, comm, step: int, entries: dict) -> None:
+    def _start(self, comm, step: int, entries) -> None:
+        """Stages this rank's part (the step's stall: gathering the entries, copying them) and
+        hands it to the background thread."""
+        t0 = time.perf_counter()
         self._wait_abandoned()  # their threads may still read the staging buffers
         temporary = directory.temporary_dir(self.root, step, self._token(comm))
-        t0 = time.perf_counter()
         try:
             fault.point("checkpoint_stage", comm.world_rank, step)
-            staged = self._staging.stage(entries)
+            staged = self._staging.stage(entries() if callable(entries) else entries)
         except Exception as error:  # noqa: BLE001 - a local failure: the agreement abandons it everywhere
             future = _failed(error)
         else:
@@ -256,7 +258,7 @@ class AsyncCheckpointer:
         if self._missed is not None and self._missed[0] == self._last_step and comm is self._comm:
             step, entries = self._missed
             self._missed = None
-            self._start(comm, step, entries() if callable(entries) else entries)
+            self._start(comm, step, entries)
             self._drain(comm)
         self.wait_published()
 
