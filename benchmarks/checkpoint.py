@@ -23,7 +23,9 @@ At a phase's end the writes still running are waited for; that step is left out.
 one loop body's start to the next one's (staging, agreements, data, all of it). Reported per lane:
 the median and the mean step time and their ratio to ``none``'s, and the stall per checkpoint
 (staging for ftcomm, the whole save for ``sync10``, the call for ``dcp10``) and its share of the
-10 steps between two checkpoints.
+10 steps between two checkpoints. The lanes' phases differ by up to 10-20% here whatever they run
+(the machine is shared), so for ``async10`` the steps that ran beside a write are also compared
+with the other steps of the same phases: what the write costs the steps beside it, per checkpoint.
 
 Write throughput: after training, every rank writes its checkpoint part
 with the background writer's own code and, alternately, the same bytes with one sequential write
@@ -35,7 +37,9 @@ Relaunch (``--relaunch``, on by default): 2 made-up nodes x 2 ranks (``ftcomm-ru
 job ends, ftcomm-run relaunches it on n1 and it resumes from the checkpoint of step 20. Reported:
 the job's own start-up (launch, imports, ``init_process_group``) and, from the daemon's death to
 the first committed step after the relaunch: launch (the death to the relaunched script's first
-line: the old job's end, the backoff, mpirun), imports and ``init_process_group``, load, redo.
+line: the old job's end, the backoff, mpirun), imports, ``init_process_group``, set-up (the
+script builds its data, model, DDP and optimizer), load (the checkpoint: checked, read, the shards
+replicated) and redo (the first step after it).
 
 Writes ``OUT/checkpoint.json`` and prints the README's tables.
 """
@@ -303,6 +307,8 @@ def lane_figures(events: list, lane: str) -> dict:
     out = {"median_step_s": _median(steps), "mean_step_s": statistics.fmean(steps) if steps else None,
            "steps": len(steps)}
     ckpts = [e for e in mine if e["event"] == "checkpoint"]
+    if ckpts and lane == "async10":
+        out.update(beside_write(mine, ckpts))
     if ckpts:
         out.update(stall_s=_median(e["stall_s"] for e in ckpts), write_s=_median(e["write_s"] for e in ckpts),
                    part_bytes=_median(e["bytes"] for e in ckpts), checkpoints=len({e["step"] for e in ckpts}),
@@ -312,6 +318,23 @@ def lane_figures(events: list, lane: str) -> dict:
     if stalls:
         out["stall_s"] = _median(stalls)
     return out
+
+
+def beside_write(mine: list, ckpts: list) -> dict:
+    """Steps of the async10 phases that ran while a write was in flight (from the step after it
+    started, k = 5 or 15 of the phase, to the agreement that completed it) against the others of
+    the same phases, every rank: what the write costs the steps beside it, per checkpoint."""
+    busy, idle = [], []
+    for rank in {e["rank"] for e in mine}:
+        writes = [(e["step"] - 5, e["time"]) for e in ckpts if e["rank"] == rank]  # the schedule's step is k + 5
+        for e in (e for e in mine if e["event"] == "step" and e["rank"] == rank):
+            during = any(s < e["step"] and e["time"] <= t for s, t in writes)
+            (busy if during else idle).append(e["step_s"])
+    if not busy or not idle:
+        return {}
+    lost = sum(b - _median(idle) for b in busy) / len({(e["rank"], e["step"]) for e in ckpts})
+    return {"busy_step_s": _median(busy), "idle_step_s": _median(idle), "busy_steps": len(busy),
+            "lost_per_checkpoint_s": lost}
 
 
 def throughput_figures(events: list) -> dict:
@@ -337,10 +360,10 @@ def relaunch_figures(events: list, launched: float) -> dict:
     a0 = min(again, key=lambda e: (e["time"], e["rank"]))
     resumed = next(e for e in events if e["event"] == "resumed" and e["time"] > a0["time"])
     commit = next(e for e in events if e["event"] == "commit" and e["time"] > resumed["time"])
+    load_start = resumed["time"] - resumed["load_s"]
     phases = {"launch_s": a0["script"] - kill["time"], "imports_s": a0["imports"] - a0["script"],
-              "init_s": a0["init"] - a0["imports"], "load_s": resumed["load_s"],
+              "init_s": a0["init"] - a0["imports"], "setup_s": load_start - a0["init"], "load_s": resumed["load_s"],
               "redo_s": commit["time"] - resumed["time"]}
-    phases["other_s"] = commit["time"] - kill["time"] - sum(phases.values())
     return {"startup": startup, "relaunched": True, "resumed_step": resumed["step"], "killed_at": kill["step"],
             "death_to_first_commit_s": commit["time"] - kill["time"], "phases": phases,
             "ratio_to_startup": (commit["time"] - kill["time"]) / startup["total_s"]}
@@ -383,6 +406,14 @@ def print_tables(results: dict) -> None:
             share = f"{100 * r['stall_share']:.2f}%" if r.get("stall_share") is not None else ""
             print(f"| {name} | {lane} | {1e3 * r['median_step_s']:.1f} ms | {r.get('median_ratio', 1):.3f} | "
                   f"{1e3 * r['mean_step_s']:.1f} ms | {r.get('mean_ratio', 1):.3f} | {stall} | {share} |")
+    print("\n| parameters | steps beside a write | steps without | lost per checkpoint, share of 10 steps |")
+    print("|---|---|---|---|")
+    for name, res in results.items():
+        r = res["async10"]
+        if r.get("busy_step_s"):
+            share = r["lost_per_checkpoint_s"] / (10 * res["none"]["mean_step_s"])
+            print(f"| {name} | {1e3 * r['busy_step_s']:.0f} ms | {1e3 * r['idle_step_s']:.0f} ms | "
+                  f"{r['lost_per_checkpoint_s']:.2f} s, {100 * share:.1f}% |")
     print("\n| parameters | part per rank | ftcomm's writer | plain write + fsync | ratio | beside training |")
     print("|---|---|---|---|---|---|")
     for name, res in results.items():
@@ -391,15 +422,15 @@ def print_tables(results: dict) -> None:
             print(f"| {name} | {r['part_bytes'] / 2**20:.1f} MiB | {r['ftcomm_bytes_per_s'] / 2**20:.0f} MiB/s | "
                   f"{r['plain_bytes_per_s'] / 2**20:.0f} MiB/s | {r['ftcomm_bytes_per_s'] / r['plain_bytes_per_s']:.2f} | "
                   f"{beside / 2**20:.0f} MiB/s |")
-    print("\n| parameters | start-up | death to first commit | launch | imports | init | load | redo | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| parameters | start-up | death to first commit | launch | imports | init | set-up | load | redo | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, res in results.items():
         r = res.get("relaunch")
         if r and r.get("relaunched"):
             p = r["phases"]
             print(f"| {name} | {r['startup']['total_s']:.2f} s | {r['death_to_first_commit_s']:.2f} s | "
-                  f"{p['launch_s']:.2f} s | {p['imports_s']:.2f} s | {p['init_s']:.2f} s | {p['load_s']:.2f} s | "
-                  f"{p['redo_s']:.2f} s | {r['ratio_to_startup']:.2f} |")
+                  f"{p['launch_s']:.2f} s | {p['imports_s']:.2f} s | {p['init_s']:.2f} s | {p['setup_s']:.2f} s | "
+                  f"{p['load_s']:.2f} s | {p['redo_s']:.2f} s | {r['ratio_to_startup']:.2f} |")
 
 
 def main() -> None:

@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadat
 from torch.distributed.checkpoint.planner import (LoadPlan, SavePlan, TensorWriteData, WriteItem,
                                                   WriteItemType)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.utils.serialization import config as serialization_config
 
 METADATA = ".metadata"  # DCP's name for a checkpoint's index
 CHECKSUMS = "ftcomm.checksums"  # {data file: XXH3-64 hex digest}, written by join_parts
@@ -217,7 +218,13 @@ def write_part(directory: str, rank: int, entries: dict) -> int:
     """
     os.makedirs(directory, exist_ok=True)
     state = {fqn: (e.value if isinstance(e, Blob) else e.tensor) for fqn, e in entries.items()}
-    with _as_os_errors(f"writing rank {rank}'s part of {directory}"):
+    # torch.save's zip CRC-32 of every record ran at 150-250 MB/s here, slower than the disk (it
+    # made the writer 0.6x as fast as a plain write at 100M parameters); the data files' XXH3-64
+    # digests, taken while writing and checked at resume, cover what it would. The setting is
+    # process-wide while the write runs: a torch.save of the program's own at that moment is
+    # written without CRC too (torch.load reads it all the same).
+    with _as_os_errors(f"writing rank {rank}'s part of {directory}"), \
+            serialization_config.patch({"save.compute_crc32": False}):
         dcp.save(state, storage_writer=_PartWriter(directory, rank), planner=_PartPlanner(entries), no_dist=True)
     prefix = f"__{rank}_"
     return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)

@@ -52,7 +52,9 @@ _DONE, _OK = 1, 2  # low bits of the agreement value; the schedule's proposal si
 # The background writer's nice value. At the training threads' own priority it takes their cores
 # (and the GIL between its writes): on these 2-core machines a loop of 512x512 matmuls beside it
 # took 4.2x as long, a pure-Python loop 2.7x; at 10, 1.2x and 1.1x, and the write takes longer,
-# which nobody waits for. At 19 it was starved when every core was busy.
+# which nobody waits for. At 19 it was starved when every core was busy; as SCHED_IDLE it slowed
+# the steps beside it less but ran 3x as long, for about the same loss in all (10M parameters),
+# and it could starve outright where ranks never leave a core idle.
 WRITER_NICENESS = 10
 _log = logging.getLogger("ftcomm.checkpoint")
 
