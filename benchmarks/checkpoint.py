@@ -60,6 +60,8 @@ from pathlib import Path
 
 SCRIPT_START = time.time()  # before the heavy imports, for the start-up figures
 
+from mttr_torch import Events  # noqa: E402  (this script's folder; imports nothing heavy)
+
 REPO = Path(__file__).resolve().parent.parent
 SIZES = {"1M": 1_000_000, "10M": 10_000_000, "100M": 100_000_000}
 LANES = ("none", "async1", "async10", "sync10", "dcp10")
@@ -68,18 +70,6 @@ WARMUP = 5  # steps left out of the step-time figures (first touches, DDP's buck
 
 
 # ------------------------------------------------------------------ worker (inside ftcomm-run)
-class Events:
-    """Appends one JSON line per event to ``log_dir/rank{world rank}.jsonl``."""
-
-    def __init__(self, log_dir: str, world_rank: int):
-        os.makedirs(log_dir, exist_ok=True)
-        self.path, self.world_rank = os.path.join(log_dir, f"rank{world_rank}.jsonl"), world_rank
-
-    def __call__(self, **event) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"time": time.time(), "rank": self.world_rank, **event}) + "\n")
-
-
 def _fsync_write(path: str, chunks) -> int:
     """One sequential write of ``chunks`` (tensors' bytes) and an fsync: the disk's own speed."""
     nbytes = 0

@@ -57,9 +57,7 @@ def main():
     parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
                                                  "format); a run that finds one there resumes from it")
     parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
-                        help='steps between checkpoints (default 10), or "auto" (Young/Daly; needs --mtbf)')
-    parser.add_argument("--mtbf", type=float, metavar="SECONDS",
-                        help="with --checkpoint-every auto: mean time between failures that end the whole job")
+                        help='steps between checkpoints (default 10), or "auto" (Young/Daly for FTCOMM_MTBF)')
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
     parser.add_argument("--log-dir", default="results/ddp_train",
                         help="JSON-lines event logs go here (RUNID.rankN.jsonl; ftcomm-report LOG_DIR draws them)")
@@ -88,7 +86,7 @@ def main():
     loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer,  # ftcomm
                                     log_path=os.path.join(args.log_dir, f"{run_id}.rank{{rank}}.jsonl"),
                                     checkpoint_dir=args.checkpoint_dir,  # with a disk tier: ftcomm-run --restarts
-                                    checkpoint_every=every(args.checkpoint_every), mtbf_s=args.mtbf)
+                                    checkpoint_every=every(args.checkpoint_every))
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
         ddp_model.train()

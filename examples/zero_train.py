@@ -66,9 +66,7 @@ def main():
     parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
                                                  "format); a run that finds one there resumes from it")
     parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
-                        help='steps between checkpoints (default 10), or "auto" (Young/Daly; needs --mtbf)')
-    parser.add_argument("--mtbf", type=float, metavar="SECONDS",
-                        help="with --checkpoint-every auto: mean time between failures that end the whole job")
+                        help='steps between checkpoints (default 10), or "auto" (Young/Daly for FTCOMM_MTBF)')
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
     args = parser.parse_args()
 
@@ -96,8 +94,7 @@ def main():
     # ftcomm: the scheduler goes in extra_state, so that a promoted spare steps it in time
     # ftcomm: with --checkpoint-dir, a disk tier too (the job survives its own end: ftcomm-run --restarts)
     loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer, extra_state=[scheduler],
-                                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=every(args.checkpoint_every),
-                                    mtbf_s=args.mtbf)
+                                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=every(args.checkpoint_every))
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
         ddp_model.train()
