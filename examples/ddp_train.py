@@ -101,7 +101,7 @@ def main():
             optimizer.step()
             total += loss.item() * len(yb)
             count += len(yb)
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 and count:  # count 0: resumed from the epoch's last step
             print(f"epoch {epoch:2d}  world size {dist.get_world_size()}  train loss {total / max(count, 1):.4f}  "
                   f"{time.perf_counter() - start:6.1f} s", flush=True)
 

@@ -113,7 +113,7 @@ def main():
                 scheduler.step()
             total += loss.item() * len(yb)
             count += len(yb)
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 and count:  # count 0: resumed from the epoch's last step
             print(f"epoch {epoch:2d}  world size {dist.get_world_size()}  train loss {total / max(count, 1):.4f}  "
                   f"{time.perf_counter() - start:6.1f} s", flush=True)
 
@@ -140,10 +140,13 @@ def crash_node(node):
     others wait for Open MPI to end the job, as it does within moments of a daemon's loss."""
     if ftcomm.settings.restart_count():
         return
-    print(f"world rank {dist.group.WORLD.comm.world_rank}: node {node} crashes", flush=True)
-    if ftcomm.settings.node_name_override() == node:
+    here = ftcomm.settings.node_name_override()
+    world_rank = dist.group.WORLD.comm.world_rank
+    if here == node:
+        print(f"world rank {world_rank}: node {node} crashes", flush=True)
         time.sleep(1.0)  # let the line reach the launcher before the daemon goes
         ftcomm.fault.crash_node()
+    print(f"world rank {world_rank} (node {here}): waits for the job to end with node {node}", flush=True)
     time.sleep(600)
 
 

@@ -205,11 +205,12 @@ class LoopCheckpoints:
                 self.writer.schedule.note_warm_recovery(time.time() - detected)
         self.writer.at_step(pg.comm, step, make_entries)
 
-    def finish(self, pg) -> None:
-        """At the end of the loop: completes the write in flight (a failure abandons it)."""
+    def finish(self, pg, final: bool = True) -> None:
+        """At the end of the loop: completes the write in flight and, with ``final``, writes the
+        last applied step's (see AsyncCheckpointer.finish; a failure abandons it)."""
         if self.writer is None:
             return
         try:
-            self.writer.finish(pg.comm)
+            self.writer.finish(pg.comm, final)
         except FtError as error:
             self.log(event="checkpoint_abandoned", why=str(error))

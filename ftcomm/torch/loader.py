@@ -192,13 +192,16 @@ class ResilientLoader:
             self._in_epochs = False
             self.epoch = None
 
-    def flush_checkpoints(self) -> None:
-        """Waits for the checkpoint being written (``checkpoint_dir``) and completes it: what a
-        loop that stops before ``epochs()`` ends calls, on every rank, so that its last checkpoint
-        is on disk. ``epochs()`` does it at its end. Collective when a write is in flight; a
-        failure abandons that checkpoint (logged), and the complete ones stay."""
+    def flush_checkpoints(self, final: bool = True) -> None:
+        """Waits for the checkpoint being written (``checkpoint_dir``) and completes it, then, with
+        ``final``, writes one of the last applied step unless one has it already: what a loop
+        that stops before ``epochs()`` ends calls, on every rank, so that a rerun in the same
+        directory resumes where this run ended. ``epochs()`` does it at its end. ``final=False``
+        leaves the checkpoints as the schedule made them. Collective when a write is in flight or
+        a last checkpoint is due; a failure abandons that checkpoint (logged), and the complete
+        ones stay."""
         if self._checkpoints is not None:
-            self._checkpoints.finish(self._process_group())
+            self._checkpoints.finish(self._process_group(), final)
 
     def _hand_over(self, pg, loader_state):
         state = join.hand_over(pg, self.model, self.optimizer, self.extra_state, loader_state)

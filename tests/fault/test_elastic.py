@@ -71,7 +71,10 @@ def test_disk_fallback_when_shard_and_buddy_die(tmp_path):
     first = sorted(i for r in used9 if r["size"] == 4 for i in r["indices"])
     again = sorted(i for r in used9 if r["size"] == 2 for i in r["indices"])
     assert first == again and len(first) == 32
-    assert checkpoint.complete_steps(tmp_path) == [16, 20]  # the last one completed at the end of the run
+    # the run's last step is checkpointed at its end; the one before is the newest the schedule (every
+    # 4 steps) completed: later ones may have been skipped while a slow write was in flight
+    kept = checkpoint.complete_steps(tmp_path)
+    assert len(kept) == 2 and kept[-1] == 20 and kept[0] % 4 == 0 and restored <= kept[0] < 20, kept
 
 
 def test_digits_demo_reaches_target_accuracy_after_a_kill():

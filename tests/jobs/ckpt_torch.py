@@ -7,7 +7,12 @@ with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on e
     --kill-node NODE@STEP           on the first launch (FTCOMM_RESTART=0) the ranks of NODE crash it
                                     at the start of step STEP (their PRRTE daemon and themselves are
                                     SIGKILLed): the whole job ends
-    --stop-at S                     ends after applied step S (S a multiple of N: its checkpoint on disk)
+    --stop-at S                     ends after applied step S as if killed there: no last checkpoint
+                                    beyond the schedule's (S a multiple of N: its checkpoint on disk)
+    --sync-writes                   each step first waits until this rank's part of the write in
+                                    flight is on disk, and rank 0 until it has published the last
+                                    complete one: a fault point of the writer is then reached at a
+                                    known step, whatever the machine's load
 Kills come from FTCOMM_FAULT (points checkpoint_stage, checkpoint_write, checkpoint_publish,
 checkpoint_rename, or any other).
 
@@ -33,6 +38,7 @@ p.add_argument("--checkpoint-dir")
 p.add_argument("--every", default="4")
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--stop-at", type=int)
+p.add_argument("--sync-writes", action="store_true")
 p.add_argument("--samples", type=int, default=480)
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--log", help="the loop's event log goes here (rank{rank}.jsonl)")
@@ -103,6 +109,10 @@ for epoch in loop.epochs(args.epochs):
             report(event="resumed", step=loop.resumed_from, hash=state_hash(), size=dist.get_world_size(),
                    rng=hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest())
         first = False
+        if args.sync_writes:
+            writer = loop._checkpoints.writer  # the loop's writer: this job pins its timing down
+            writer.wait_written()
+            writer.wait_published()
         if crash_at is not None and loop.steps_applied + 1 == crash_at:
             crash_node(loop.steps_applied + 1)
         rng = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]  # what dropout draws from
@@ -118,7 +128,7 @@ for epoch in loop.epochs(args.epochs):
             report(event="state", step=step, hash=state_hash())
     if stopped():
         break
-loop.flush_checkpoints()  # a run stopped early: its last checkpoint on disk
+loop.flush_checkpoints(final=args.stop_at is None)  # completes the write in flight
 report(event="done", steps=loop.steps_applied, hash=state_hash(), size=dist.get_world_size(),
        params=torch.cat([q.detach().reshape(-1) for q in model.parameters()]).tolist())
 dist.destroy_process_group()

@@ -40,9 +40,11 @@ def test_parts_join_into_a_checkpoint_torch_reads(tmp_path):
     state = {"optim": {"exp_avg": torch.zeros(1001)}, "model": {"w": torch.zeros(7, 5)}}
     dcp.load(state, checkpoint_id=str(tmp_path), no_dist=True)  # torch's reader, nested names
     assert torch.equal(state["optim"]["exp_avg"], full) and torch.equal(state["model"]["w"], w)
-    dcp_to_torch_save(str(tmp_path), str(tmp_path / "whole.pt"))  # torch's converter
+    dcp_to_torch_save(str(tmp_path), str(tmp_path / "whole.pt"))  # torch's converter, nested alike
     whole = torch.load(tmp_path / "whole.pt", weights_only=False)
-    assert torch.equal(whole["optim.exp_avg"], full) and whole["loader"] == {"epoch": 2, "used": 64}
+    assert sorted(whole) == ["loader", "model", "optim", "rng"] and sorted(whole["model"]) == ["w"]
+    assert torch.equal(whole["optim"]["exp_avg"], full) and torch.equal(whole["model"]["w"], w)
+    assert whole["loader"] == {"epoch": 2, "used": 64} and whole["rng"] == {"2": b"\x01\x02"}
 
 
 @pytest.mark.parametrize("lo,hi", [(0, 1001), (300, 700), (333, 334), (667, 1001), (5, 5)])
@@ -181,8 +183,7 @@ def test_writer_writes_completes_publishes_and_prunes(tmp_path):
     ckpt, comm = AsyncCheckpointer(tmp_path, every=2, keep=2), FakeComm()
     for step in range(1, 9):
         ckpt.at_step(comm, step, lambda step=step: entries(float(step)))
-        if ckpt._write is not None:
-            ckpt._write.future.result()  # let the write finish before the next boundary
+        ckpt.wait_written()  # let the write finish before the next boundary
     ckpt.finish(comm)
     ckpt.close()
     assert ckpt.completed == [2, 4, 6, 8] and directory.complete_steps(tmp_path) == [6, 8]
@@ -222,7 +223,7 @@ def test_a_rank_that_could_not_write_abandons_the_checkpoint_everywhere(tmp_path
     ckpt = AsyncCheckpointer(tmp_path, every=4, log=lambda **e: events.append(e))
     comm = FakeComm(rank=1, size=2, others=[1 | (-1 << 2) & (2**31 - 1)])
     ckpt.at_step(comm, 4, entries(4.0))
-    ckpt._write.future.result()
+    ckpt.wait_written()
     ckpt.at_step(comm, 5, entries(5.0))
     ckpt.close()
     assert ckpt.completed == [] and [e["event"] for e in events] == ["checkpoint_abandoned"]
@@ -234,10 +235,26 @@ def test_a_new_group_abandons_the_write_in_flight(tmp_path):
     ckpt, old, new = AsyncCheckpointer(tmp_path, every=4, log=lambda **e: events.append(e)), FakeComm(), FakeComm()
     ckpt.at_step(old, 4, entries(4.0))
     ckpt.at_step(new, 5, entries(5.0))  # a recovery between the two boundaries
-    ckpt.finish(new)
+    ckpt.finish(new, final=False)
     ckpt.close()
     assert ckpt.completed == [] and events[0]["event"] == "checkpoint_abandoned"
     assert new.agreements == []  # nothing in flight on the new group: no agreement
+
+
+def test_the_end_checkpoints_the_last_step_once(tmp_path):
+    events = []
+    ckpt, comm = AsyncCheckpointer(tmp_path, every=4, log=lambda **e: events.append(e)), FakeComm()
+    for step in range(1, 7):
+        ckpt.at_step(comm, step, lambda step=step: entries(float(step)))
+        ckpt.wait_written()
+    ckpt.finish(comm)  # step 6 was not due: written now, marked final
+    ckpt.finish(comm)  # and not again
+    ckpt.close()
+    assert ckpt.completed == [4, 6] and directory.complete_steps(tmp_path) == [4, 6]
+    assert [(e["step"], e["final"]) for e in events if e["event"] == "checkpoint"] == [(4, False), (6, True)]
+    out = torch.zeros(1000)
+    read(directory.step_dir(str(tmp_path), 6), {"model.w": out})
+    assert torch.equal(out, torch.full((1000,), 6.0))
 
 
 def test_a_write_error_is_an_os_error_and_the_writer_abandons_that_checkpoint(tmp_path):
@@ -252,8 +269,7 @@ def test_a_write_error_is_an_os_error_and_the_writer_abandons_that_checkpoint(tm
     (Path(directory.temporary_dir(ckpt.root, 2, token)) / "__0_0.distcp").mkdir(parents=True)
     for step in (2, 3, 4):
         ckpt.at_step(comm, step, entries(float(step)))
-        if ckpt._write is not None:
-            ckpt._write.future.exception()  # let the write end before the next boundary
+        ckpt.wait_written()  # let the write end before the next boundary
     ckpt.finish(comm)
     ckpt.close()
     assert [e["step"] for e in events if e["event"] == "checkpoint_abandoned"] == [2] and ckpt.completed == [4]

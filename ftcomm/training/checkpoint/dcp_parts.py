@@ -259,9 +259,19 @@ def join_parts(directory: str, ranks: int) -> None:
                                  f"{have.properties.dtype} {tuple(have.size)}")
             have.chunks.extend(md.chunks)
     _write_synced(os.path.join(directory, CHECKSUMS), json.dumps(digests, sort_keys=True).encode())
-    FileSystemWriter(directory, sync_files=True).finish(Metadata({**tensors, **others}), results)
+    items = {**tensors, **others}
+    FileSystemWriter(directory, sync_files=True).finish(Metadata(items, planner_data=nesting(items)), results)
     for rank in range(ranks):
         os.unlink(os.path.join(directory, part_file(rank)))
+
+
+def nesting(names) -> dict[str, tuple[str, ...]]:
+    """DCP's ``planner_data``: where each flat name sits in the nested state dict that torch's
+    tools (``format_utils.dcp_to_torch_save``, ``dcp.load`` with no state dict) rebuild. The
+    first dotted component is the group ("model", "optim", "extra", "rng", "loader"), the rest
+    the name inside it: "model.0.weight" -> ("model", "0.weight"), as DCP's own flattening of
+    ``{"model": model.state_dict()}`` names it."""
+    return {name: tuple(name.split(".", 1)) for name in names}
 
 
 def _write_synced(path: str, data: bytes) -> None:

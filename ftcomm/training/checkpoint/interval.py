@@ -127,6 +127,7 @@ class Schedule:
         self.last_choice: dict | None = None
         self.bucket = FIRST_BUCKET  # the agreed choice under "auto"
         self.last_start: int | None = None
+        self._sent: dict | None = None  # the proposal this rank's bits carried
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint is to start after committed ``step`` (the same on every rank)."""
@@ -188,14 +189,16 @@ class Schedule:
         """This rank's proposal as agreement bits (all ones under a fixed interval)."""
         if not self.auto:
             return thermometer(BUCKETS - 1)
-        return thermometer(bucket_of(self.proposal()["steps"]))
+        # kept for adopt(): steps may be measured between the agreement's start and its end
+        self._sent = self.proposal()
+        return thermometer(bucket_of(self._sent["steps"]))
 
     def adopt(self, agreed_bits: int) -> dict | None:
         """Takes the agreed (smallest) proposal; returns the choice to log (None under a fixed
         interval)."""
         if not self.auto:
             return None
-        mine = self.proposal()
+        mine = self._sent or self.proposal()
         self.bucket = from_thermometer(agreed_bits)
         self.last_choice = {**mine, "proposed_steps": mine["steps"], "steps": steps_of(self.bucket)}
         if self.last_start is not None:

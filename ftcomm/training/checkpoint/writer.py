@@ -22,11 +22,12 @@ checkpoints as they were: a checkpoint becomes visible only by the final rename,
 removed only after it. After a recovery the training communicator is a new one: the write in
 flight is abandoned on every survivor (its files are removed by the next publish). At most one
 write is in flight: a checkpoint due while one is still being written is skipped (logged as
-``checkpoint_skipped``); ``at_step`` checks completion before it starts the next one, and
-``finish`` writes the last step's checkpoint if it was skipped.
+``checkpoint_skipped``); ``at_step`` checks completion before it starts the next one. At the end
+of training ``finish`` writes a last checkpoint of the last committed step if none has it (it was
+skipped, or it was not due), so that a finished run can be resumed without redoing anything.
 
 Events logged (the caller's ``log``, ``ftcomm/training/events.py``'s format): ``checkpoint``
-(step, bytes, stall_s, write_s), ``checkpoint_skipped``, ``checkpoint_abandoned`` (why),
+(step, bytes, stall_s, write_s, final: finish()'s last one), ``checkpoint_skipped``, ``checkpoint_abandoned`` (why),
 ``checkpoint_interval`` (an "auto" choice and the measurements behind it), and on rank 0
 ``checkpoint_published`` / ``checkpoint_publish_failed``.
 """
@@ -71,6 +72,7 @@ class _Write:
     future: Future
     stall_s: float
     started: float
+    final: bool = False  # finish()'s last checkpoint, off the schedule
 
 
 def _lower_priority() -> None:
@@ -122,8 +124,7 @@ class AsyncCheckpointer:
         self._publishing: Future | None = None
         self._comm = None  # the communicator of the last step boundary
         self._boundary: float | None = None
-        self._last_step: int | None = None
-        self._missed = None  # (step, entries) of a checkpoint skipped at the last boundary
+        self._latest = None  # (step, entries, due) of the last boundary, for finish()'s last checkpoint
 
     # -- the step boundary ---------------------------------------------------------------------
     def at_step(self, comm, step: int, entries) -> None:
@@ -148,11 +149,11 @@ class AsyncCheckpointer:
         if comm is not self._comm:
             self._follow(comm, step)
         self.poll(comm)
-        self._last_step, self._missed = step, None
-        if self.schedule.due(step):
+        due = self.schedule.due(step)
+        self._latest = (step, entries, due)
+        if due:
             if self._write is not None:
                 self.skipped.append(step)
-                self._missed = (step, entries)
                 self.log(event="checkpoint_skipped", step=step, in_flight=self._write.step)
             else:
                 self._start(comm, step, entries)
@@ -189,7 +190,7 @@ class AsyncCheckpointer:
         elif agreed & _DONE:
             self._complete(comm, w, agreed >> 2)
 
-    def _start(self, comm, step: int, entries) -> None:
+    def _start(self, comm, step: int, entries, final: bool = False) -> None:
         """Stages this rank's part (the step's stall: gathering the entries, copying them) and
         hands it to the background thread."""
         t0 = time.perf_counter()
@@ -203,7 +204,7 @@ class AsyncCheckpointer:
         else:
             future = self._pool.submit(self._write_part, temporary, comm.rank, comm.world_rank, step, staged)
         stall = time.perf_counter() - t0
-        self._write = _Write(step, comm, temporary, future, stall, time.perf_counter())
+        self._write = _Write(step, comm, temporary, future, stall, time.perf_counter(), final)
         self.schedule.started(step)
 
     @staticmethod
@@ -225,7 +226,7 @@ class AsyncCheckpointer:
         self.schedule.note_write(w.stall_s, result["seconds"])
         self.completed.append(w.step)
         self.log(event="checkpoint", step=w.step, bytes=result["bytes"], stall_s=round(w.stall_s, 6),
-                 write_s=round(result["seconds"], 6), world_size=comm.size)
+                 write_s=round(result["seconds"], 6), world_size=comm.size, final=w.final)
         choice = self.schedule.adopt(proposal_bits)
         if choice is not None:
             self.log(event="checkpoint_interval", step=w.step,
@@ -263,20 +264,29 @@ class AsyncCheckpointer:
         self._abandoned.clear()
 
     # -- the end ----------------------------------------------------------------------------
-    def finish(self, comm) -> None:
+    def finish(self, comm, final: bool = True) -> None:
         """At the end of training, on every rank: waits for the write in flight and completes it
-        (one agreement); if the last step's checkpoint was skipped because of it, writes that one
-        too (the state has not changed since), the same way; and, on the publishing rank, waits
-        until both are published. Collective when a write is in flight.
+        (one agreement); then, with ``final``, writes a checkpoint of the last committed step the
+        same way unless one has it already (the state has not changed since that step); and, on
+        the publishing rank, waits until they are published. Collective when a write is in flight
+        or a last checkpoint is due.
+
+        Args:
+            comm: the training communicator.
+            final: False to write the last step's checkpoint only if the schedule made it due
+                (and it was skipped because of the write in flight): a run that stops as if it
+                had been killed there.
 
         Raises:
             ProcFailedError etc.: a rank failed; the checkpoint is abandoned.
         """
+        in_flight = self._write.step if self._write is not None else None
         self._drain(comm)
-        if self._missed is not None and self._missed[0] == self._last_step and comm is self._comm:
-            step, entries = self._missed
-            self._missed = None
-            self._start(comm, step, entries)
+        newest = max(self.completed[-1:] + ([in_flight] if in_flight is not None else []), default=None)
+        if self._latest is not None and comm is self._comm and (final or self._latest[2]) and \
+                (newest is None or newest < self._latest[0]):
+            step, entries, _ = self._latest
+            self._start(comm, step, entries, final=True)
             self._drain(comm)
         self.wait_published()
 
@@ -292,6 +302,16 @@ class AsyncCheckpointer:
         except Exception:  # noqa: BLE001 - reported by the agreement (poll)
             pass
         self.poll(comm)
+
+    def wait_written(self) -> None:
+        """Blocks until this rank's part of the write in flight is written, or has failed (not a
+        collective: the next step boundary's agreement still decides whether it is complete)."""
+        w = self._write
+        if w is not None:
+            try:
+                w.future.result()
+            except Exception:  # noqa: BLE001 - reported by the agreement (poll)
+                pass
 
     def wait_published(self) -> None:
         """Blocks until this rank's publishing (if any) has ended."""
