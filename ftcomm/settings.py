@@ -127,6 +127,9 @@ RESTART = _define("FTCOMM_RESTART", 0, _count,
                   "how many times ftcomm-run --restarts has relaunched this job (0: the first launch; set by ftcomm-run)")
 LAUNCHER = _define("FTCOMM_LAUNCHER", None, _launcher_identity,
                    "ftcomm-run's HOST:PID:START (set by ftcomm-run): a rank on that host ends when it is gone")
+WARM = _define("FTCOMM_WARM", True, _flag,
+               "under ftcomm-run: keep committed shards and replicas in node-local shared memory, for a relaunch to resume from")
+SHM_DIR = _define("FTCOMM_SHM_DIR", "/dev/shm", str, "where the node-local shared memory segments go (a tmpfs)")
 MTBF = _define("FTCOMM_MTBF", None, _seconds,
                "mean seconds between failures that end the whole job, for checkpoint_every=\"auto\" (Young/Daly)")
 
@@ -274,6 +277,17 @@ def mtbf() -> float | None:
     """FTCOMM_MTBF: mean time between the failures that end the whole job (a lost node, the
     launcher killed), in seconds, for ``checkpoint_every="auto"``; None when unset."""
     return MTBF.get()
+
+
+def warm_restart() -> bool:
+    """FTCOMM_WARM: committed shards and replicas in node-local shared memory (default on; it
+    takes effect only under ftcomm-run, whose relaunches read them)."""
+    return WARM.get()
+
+
+def shm_dir() -> str:
+    """FTCOMM_SHM_DIR: the tmpfs for node-local segments (default /dev/shm)."""
+    return SHM_DIR.get()
 
 
 def launcher() -> tuple[str, int, int] | None:

@@ -19,12 +19,15 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
+from .. import settings
+from .. import segment_paths
 from .command import Launch, build_command, mpich_ft_requested
 from .hosts import Host, capacity, fit_world, names, read_hostfile, slurm_hosts, usable_hosts, write_hostfile
 from .processes import end_launcher, kill_ranks, signal_group, start_launcher
@@ -186,6 +189,13 @@ def supervise(args, stop: StopSignals) -> int:
     finally:
         for run_dir in run_dirs:
             shutil.rmtree(run_dir, ignore_errors=True)
+        segment_paths.remove_job(own_job_key())  # this host's segments: nothing will resume from them
+
+
+def own_job_key() -> str:
+    """The key under which this ftcomm-run's ranks keep their node-local segments (the one they
+    derive from FTCOMM_LAUNCHER)."""
+    return segment_paths.job_key_of(socket.gethostname(), os.getpid(), settings.process_start_time(os.getpid()) or 0)
 
 
 def _launches(args, stop: StopSignals, run_dirs: list[str]) -> int:
@@ -220,6 +230,9 @@ def _launches(args, stop: StopSignals, run_dirs: list[str]) -> int:
                   f"only repeat (exit status {WOULD_REPEAT})", file=sys.stderr)
             return WOULD_REPEAT
         number += 1
+        if args.fake_nodes:
+            for host in ended.lost:  # a made-up node's memory lives on: it must be gone as a real one's is
+                segment_paths.remove_node(host, own_job_key())
         run_dir = new_run_dir()
         nxt = relaunch(args, hosts, lost, number, run_dir)
         if nxt is None:

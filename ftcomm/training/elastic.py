@@ -41,7 +41,7 @@ from ..core.events import RecoveryEvent
 from ..core.outcome import retrying
 from ..errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError, StateLostError
 from ..core import runtime
-from . import checkpoint
+from . import checkpoint, warm_resume
 from .checkpoint import sharded
 from .events import EventLog
 
@@ -293,7 +293,9 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     else:
         opt.committed_meta = state.capture(advanced=False)  # step 0: the starting position and RNG
     resumed = None
-    if checkpoint_dir and opt.join_report is None:
+    if opt.join_report is None:  # a relaunch: first the nodes' shared memory, then the disk
+        resumed = _warm_resume(state, log, policy, summary)
+    if resumed is None and checkpoint_dir and opt.join_report is None:
         resumed = _resume(state, checkpoint_dir, log)
     log.record(event="start", step=opt.step_id, world_size=opt.comm.size, total_steps=total,
                policy=policy or "", replicas=getattr(opt, "replicas", None))
@@ -382,6 +384,39 @@ def _finish_checkpoints(ckpt, comm, log: EventLog) -> None:
         ckpt.close()
 
 
+def _warm_resume(state: State, log: EventLog, policy: str | None, summary: Summary,
+                 max_attempts: int = 8) -> dict | None:
+    """On a relaunch, loads the newest step the nodes' shared memory holds whole
+    (``warm_resume.py``), if any; a failure during it is recovered from (the event is logged and
+    counted) and the resume tried again on the smaller group. Logs "resumed" with
+    ``"from": "memory"``."""
+    opt = state.optimizer
+    for attempt in range(max_attempts):
+        t0 = time.perf_counter()
+        try:
+            loaded = warm_resume.resume(opt, opt.comm, log)
+        except FtError as error:
+            if attempt + 1 == max_attempts:
+                raise
+            summary.failures += 1
+            summary.events.append(_recover(state, error, log, None, policy))
+            continue
+        if loaded is None:
+            return None
+        state.restore(opt.committed_meta)
+        loaded["load_s"] = time.perf_counter() - t0
+        log.record(event="resumed", step=loaded["step"], **{"from": "memory"}, world_size=opt.comm.size,
+                   from_world_size=loaded["from_world_size"], bytes_read=loaded["bytes_read"],
+                   bytes_moved=loaded["bytes_moved"], load_s=round(loaded["load_s"], 6),
+                   **{k: round(v, 6) for k, v in loaded["phases"].items()})
+        if opt.comm.rank == 0:
+            print(f"ftcomm: resumed from the nodes' shared memory (step {loaded['step']}, written by "
+                  f"{loaded['from_world_size']} ranks) at world size {opt.comm.size} in {loaded['load_s']:.2f} s",
+                  file=sys.stderr, flush=True)
+        return loaded
+    return None
+
+
 def _resume(state: State, checkpoint_dir: str, log: EventLog) -> dict | None:
     """Loads the newest complete checkpoint every rank can read, if there is one: the optimizer
     then stands at its step, re-sharded over this job's ranks. Logs "resumed"."""
@@ -392,7 +427,7 @@ def _resume(state: State, checkpoint_dir: str, log: EventLog) -> dict | None:
         return None
     state.restore(opt.committed_meta)
     loaded["load_s"] = time.perf_counter() - t0
-    log.record(event="resumed", step=loaded["step"], path=loaded["path"], world_size=opt.comm.size,
+    log.record(event="resumed", step=loaded["step"], **{"from": "disk"}, path=loaded["path"], world_size=opt.comm.size,
                from_world_size=loaded["from_world_size"], bytes_read=loaded["bytes_read"],
                load_s=round(loaded["load_s"], 6))
     if opt.comm.rank == 0:

@@ -43,6 +43,7 @@ from ..membership import nodes
 from . import rebuild as _rebuild
 from . import scrub, storage
 from .layout import ShardLayout
+from .node_memory import NodeMemory
 from .replica import ReplicaStore, checksum, encode_header
 from .stepper import GroupRange, ShardStepper, resolve
 
@@ -141,7 +142,10 @@ class ShardedOptimizer:
         cls, kwargs = resolve(optimizer, defaults if lr is None else {**defaults, "lr": lr})
         self.stepper = ShardStepper(cls, kwargs, _group_ranges(groups))
         self.scalars: list | None = None  # per group, the committed step's scalars (None: no step yet)
-        self.store = ReplicaStore(replicas)
+        # Node-local shared memory for the shards and replicas (under ftcomm-run, on CPU): what a
+        # relaunched job resumes from (``node_memory.py``, ``warm_resume.py``).
+        self.memory = NodeMemory.for_rank(comm.world_rank) if device is None else None
+        self.store = ReplicaStore(replicas, self.memory)
         self.step_id = 0  # last committed training step; 0 = the initial state
         self.committed_meta: dict = {}  # caller's metadata (data position, RNG) at step_id
         self.last_bytes_replicated = 0
@@ -152,6 +156,7 @@ class ShardedOptimizer:
         # Memory for the buffers a device's copies touch (live, staging, flat parameters): its own
         # (page-locked) if it has one, else plain numpy memory.
         self.host_zeros = getattr(device, "host_zeros", None)
+        self.shard_zeros = self.memory.zeros if self.memory is not None else self.host_zeros  # live, staging
         if newcomer or getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
             if not newcomer:
@@ -164,9 +169,9 @@ class ShardedOptimizer:
         self._copy_params_into(flat)
         comm.broadcast(flat, 0, timeout=timeout)
         self._bind(flat)
-        self.live = storage.allocate(self.shard_shape(self.layout), self.shard_capacity(self.layout), self.host_zeros)
+        self.live = storage.allocate(self.shard_shape(self.layout), self.shard_capacity(self.layout), self.shard_zeros)
         self.live[0] = self._my_slice(self.flat)
-        self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout), self.host_zeros)
+        self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout), self.shard_zeros)
         self._replicate_and_agree(self.live, step=0, meta={})
         self._follow_on_device()
 
@@ -310,6 +315,7 @@ class ShardedOptimizer:
         if self.device is not None:
             self.device.committed()
         self.store.commit()
+        self._mark_live(step, self._staging_header)
         self.scalars = self._staging_scalars
         self.step_id, self.committed_meta, self.phase = step, dict(meta or {}), None
 
@@ -328,7 +334,8 @@ class ShardedOptimizer:
             fault.point("replicate", self.comm.world_rank, step)
             if self.device is not None:
                 self.device.wait_state()  # the state slots' copy, which overlapped the allgather
-            header = encode_header(self.replica_meta(step, meta), self.staging)
+            header = encode_header(self.replica_meta(step, meta, scalars=self._staging_scalars), self.staging)
+            self._staging_header = header
             self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.flat,
                                                              self.timeout)
             clock.mark("replicate")
@@ -354,6 +361,8 @@ class ShardedOptimizer:
         """Step 2 into ``staging`` (on the device, then copied to ``staging``, if there is one);
         returns the new scalars."""
         start = self.layout.start(self.comm.rank)
+        if self.memory is not None:
+            self.memory.unmark(self.staging)  # the step writes it: not a committed state until it commits
         if self.device is not None:
             return self.device.update(self.stepper, self.staging, start, self.scalars)
         return self.stepper.update(self.live, self._my_slice(self.flat_grad), self.staging, start, self.scalars)
@@ -364,14 +373,22 @@ class ShardedOptimizer:
         if self.device is not None:
             self.device.adopt(self.live)
 
-    def replica_meta(self, step: int, meta: dict, comm=None, layout: ShardLayout | None = None) -> dict:
+    def replica_meta(self, step: int, meta: dict, comm=None, layout: ShardLayout | None = None,
+                     scalars=None) -> dict:
         """The header of this rank's replica at ``step`` (``meta``: the caller's committed
-        metadata); ``comm`` and ``layout`` default to the current ones (a rebuild passes the new
-        ones)."""
+        metadata; ``scalars``: the step's, default the committed ones); ``comm`` and ``layout``
+        default to the current ones (a rebuild passes the new ones). It carries what a relaunch
+        needs to re-shard the copy (``warm_resume.py``): the layout's size and the slots."""
         comm, layout = comm or self.comm, layout or self.layout
         return {"shard": comm.rank, "step": step, "world_rank": comm.world_rank,
-                "numel": layout.numel, "shard_len": layout.shard_len,
-                "optimizer": self.stepper.name, "extra": meta}
+                "numel": layout.numel, "shard_len": layout.shard_len, "size": layout.size,
+                "slots": len(self.stepper.slots), "optimizer": self.stepper.name,
+                "scalars": self.scalars if scalars is None else scalars, "extra": meta}
+
+    def _mark_live(self, step: int, header) -> None:
+        """The live shard holds committed ``step`` (its segment's commit word, with ``header``)."""
+        if self.memory is not None:
+            self.memory.mark(self.live, step, header)
 
     def _replicate_and_agree(self, state: np.ndarray, step: int, meta: dict) -> int:
         """Replicates ``state`` tagged with ``step`` and commits the replicas if every rank
@@ -382,6 +399,8 @@ class ShardedOptimizer:
             header = encode_header(self.replica_meta(step, meta), state)
             sent = self.store.replicate(self.comm, header, state, self.flat, self.timeout)
         self.store.commit()
+        if state is self.live:
+            self._mark_live(step, header)
         return sent
 
     def load_state(self, slots: dict, scalars: list | None) -> None:
@@ -421,7 +440,8 @@ class ShardedOptimizer:
         comm = comm or self.comm
         layout = ShardLayout(self.numel, tuple(comm.world_ranks))
         lo, hi = layout.bounds(comm.rank)
-        live = storage.allocate(self.shard_shape(layout), self.shard_capacity(layout), self.host_zeros)
+        live = storage.allocate(self.shard_shape(layout), self.shard_capacity(layout), self.shard_zeros)
+        self.scalars = scalars  # what the new replicas' headers carry
         if ok:
             params = np.concatenate([p.detach().reshape(-1).cpu().numpy() for p in self.params])
             live[0, : hi - lo] = params[lo:hi]
@@ -479,16 +499,20 @@ class ShardedOptimizer:
                 self.join_report = self.rebuild(self.comm)
 
     def adopt(self, comm, layout: ShardLayout, live: np.ndarray, flat: np.ndarray, step: int,
-              meta: dict) -> None:
+              meta: dict, header: np.ndarray | None = None) -> None:
         """Makes a rebuilt state current (``rebuild.finish`` calls it after its agreement, on
         every rank): the new communicator, layout, live shard and parameters, step and metadata;
-        the pending replicas become the committed ones."""
+        the pending replicas become the committed ones; ``header`` is the one the new live shard
+        was replicated with."""
         old_live = getattr(self, "live", None)  # a newcomer has none
         self.comm, self.layout, self.live = comm, layout, live
-        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.host_zeros)
+        if self.memory is not None and old_live is not None:
+            self.memory.unmark(old_live)  # reused as staging, or dropped
+        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.shard_zeros)
         self._bind(flat)
         self.store.commit()
         self.step_id, self.committed_meta = step, dict(meta)
+        self._mark_live(step, header)
         self._follow_on_device()
 
     def live_is_valid(self) -> bool:

@@ -145,15 +145,17 @@ def _holding(opt, comm, shard: int) -> np.ndarray:
 
 
 def move_pieces(opt, comm, plan: list[Piece], old: ShardLayout, new: ShardLayout, fill,
-                headers=()) -> int:
+                headers=(), holding=None) -> int:
     """Runs the re-shard plan: one ``exchange`` with every piece this rank sends or receives, per
     slot, plus ``headers`` ((src, dst, send array, receive array) for newcomers); pieces within
-    this rank are copied. ``fill`` is the new shard array (slots, shard_len).
+    this rank are copied. ``fill`` is the new shard array (slots, shard_len); ``holding(shard)``
+    gives this rank's copy of an old shard it sends (default: its live shard or a replica).
 
     Returns:
         Bytes this rank received.
     """
     me = comm.rank
+    holding = holding or (lambda shard: _holding(opt, comm, shard))
     sends, recvs, received = [], [], 0
     for p in plan:
         if me not in (p.src, p.dst):
@@ -163,7 +165,7 @@ def move_pieces(opt, comm, plan: list[Piece], old: ShardLayout, new: ShardLayout
         for slot in range(fill.shape[0]):
             dst_view = fill[slot, dst_off:dst_off + p.numel]
             if p.src == me:
-                src_view = _holding(opt, comm, p.old_shard)[slot, src_off:src_off + p.numel]
+                src_view = holding(p.old_shard)[slot, src_off:src_off + p.numel]
                 if p.dst == me:
                     dst_view[:] = src_view
                 else:
@@ -229,7 +231,16 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
             opt.store.replicate(comm, header, live, flat, opt.timeout)
             if phases is not None:
                 phases.update(allgather_s=t1 - t0, replicate_s=time.perf_counter() - t1)
-    opt.adopt(comm, new, live, flat, step, meta)
+    opt.adopt(comm, new, live, flat, step, meta, header)
+
+
+def new_live(opt, new: ShardLayout) -> np.ndarray:
+    """The array a rebuild fills with this rank's new shard: the staging shard's memory, which
+    holds nothing between steps (no longer marked committed, if it is a segment), else new."""
+    staging = getattr(opt, "staging", None)
+    if staging is not None and opt.memory is not None:
+        opt.memory.unmark(staging)
+    return storage.reuse_or_allocate(staging, opt.shard_shape(new), opt.shard_capacity(new), opt.shard_zeros)
 
 
 def rebuild_in_memory(opt, comm) -> dict:
@@ -243,8 +254,7 @@ def rebuild_in_memory(opt, comm) -> dict:
     new_rank = {w: r for r, w in enumerate(comm.world_ranks)}
     plan = reshard_plan(old, new, {s: new_rank[old.world_ranks[h]] for s, h in sources.items()})
     # The staging shard holds nothing between steps: the new shard goes into its memory.
-    live = storage.reuse_or_allocate(getattr(opt, "staging", None), opt.shard_shape(new), opt.shard_capacity(new),
-                                     opt.host_zeros)
+    live = new_live(opt, new)
     lo, hi = new.bounds(comm.rank)
     live[:, hi - lo:] = 0  # padding; the pieces fill the rest
     header = np.zeros(HEADER_BYTES, np.uint8)

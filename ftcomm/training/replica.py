@@ -92,10 +92,13 @@ class ReplicaStore:
         replicas: k, buddies per shard (capped at world size - 1).
     """
 
-    def __init__(self, replicas: int = 1):
+    def __init__(self, replicas: int = 1, memory=None):
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, not {replicas}")
         self.replicas = replicas
+        # Where new replica buffers come from: node-local shared memory (``node_memory.py``),
+        # whose commit word ``commit`` sets, or private memory (None).
+        self.memory = memory
         self.committed: dict[int, Replica] = {}  # shard id -> replica of the last committed step
         self.pending: dict[int, Replica] = {}
         # XXH3-64 of this rank's own shard as its buddies received it, committed generation and
@@ -111,7 +114,11 @@ class ReplicaStore:
             spare = self._pool.pop()
             state = storage.reuse(spare.state, shape)
             if state is not None:
+                if self.memory is not None:
+                    self.memory.unmark(state)  # about to be overwritten: no longer a committed copy
                 return Replica(spare.header, state)
+        if self.memory is not None:
+            return self.memory.replica_buffer(shape, capacity)
         return Replica(np.zeros(HEADER_BYTES, np.uint8), storage.allocate(shape, capacity))
 
     def replicate(self, comm, header: np.ndarray, state: np.ndarray, params: np.ndarray, timeout=None) -> int:
@@ -155,6 +162,11 @@ class ReplicaStore:
         self._pool.extend(self.committed.values())
         self.committed, self.pending = self.pending, {}
         self.own_digest, self._own_digest_pending = self._own_digest_pending, None
+        if self.memory is not None:
+            for replica in self.committed.values():
+                meta = replica.meta or {}
+                if "step" in meta:
+                    self.memory.mark(replica.state, int(meta["step"]), replica.header)
 
     def discard_pending(self) -> None:
         """Drops an incomplete pending set (after an aborted step); the committed set stays."""

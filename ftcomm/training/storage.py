@@ -56,8 +56,12 @@ def allocate(shape: tuple, capacity: int = 0, zeros=None) -> np.ndarray:
 
 
 def storage(array: np.ndarray) -> np.ndarray:
-    """The 1-D array that owns ``array``'s memory (``array`` itself if it owns it)."""
-    return array if array.base is None else array.base
+    """The array at the root of ``array``'s views: the one over all of its memory (``array``
+    itself if it is not a view of another array; memory mapped from a segment or a buffer is
+    such a root)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
 def reuse(array: np.ndarray | None, shape: tuple) -> np.ndarray | None:

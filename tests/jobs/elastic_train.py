@@ -2,10 +2,14 @@
 indices it used in each committed step ("used"), so the test can account for every sample.
 Kills come from FTCOMM_FAULT (point train_step); --checkpoint-dir enables the disk fallback;
 --check-every M scrubs the sharded state every M steps (bit flips: points shard, replica).
-Reports: "used" (per committed step), "recovered" (per recovery), "state_lost", "done".
+--crash-node NODE@STEP: on the first launch (FTCOMM_RESTART=0) the ranks of made-up node NODE
+crash it at the start of step STEP (their PRRTE daemon and themselves SIGKILLed: the whole job
+ends) while the others wait to be ended; --log DIR writes the driver's event log.
+Reports: "used" (per committed step), "recovered" (per recovery), "resumed", "state_lost", "done".
 """
 import argparse
 import hashlib
+import time
 
 import torch
 
@@ -21,7 +25,10 @@ p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--checkpoint-dir")
 p.add_argument("--checkpoint-every", type=int, default=0)
 p.add_argument("--check-every", type=int, default=0)
+p.add_argument("--crash-node")
+p.add_argument("--log")
 args = p.parse_args()
+crash_node, crash_step = args.crash_node.split("@") if args.crash_node else (None, None)
 
 torch.manual_seed(0)
 gen = torch.Generator().manual_seed(3)
@@ -36,6 +43,12 @@ attempted = {}
 
 
 def train_step(state, batch):
+    if crash_node and batch.step == int(crash_step) and not ftcomm.settings.restart_count():
+        if ftcomm.settings.node_name_override() == crash_node:
+            report(event="crash", step=batch.step, world_rank=state.comm.world_rank)
+            time.sleep(0.5)  # the report reaches the launcher first
+            fault.crash_node()
+        time.sleep(600)  # the other nodes' ranks commit nothing more: Open MPI ends them
     fault.point("train_step", state.comm.world_rank, batch.step)
     attempted[batch.step] = (batch.epoch, batch.indices.tolist())
     return cross_entropy_backward(model, opt, X, Y, batch)
@@ -54,7 +67,8 @@ def on_recover(state, event):
 try:
     summary = elastic.run(train_step, state, epochs=args.epochs, progress=False, on_commit=on_commit,
                           on_recover=on_recover, checkpoint_dir=args.checkpoint_dir,
-                          checkpoint_every=args.checkpoint_every, check_every=args.check_every)
+                          checkpoint_every=args.checkpoint_every, check_every=args.check_every,
+                          log_path=args.log and f"{args.log}/rank{{rank}}.jsonl")
 except ftcomm.StateLostError as lost:
     report(event="state_lost", lost_shards=lost.lost_shards, step=lost.step)
     raise SystemExit(0)

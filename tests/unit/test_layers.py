@@ -15,7 +15,7 @@ PACKAGE = ROOT / "ftcomm"
 
 # Lower number = lower layer. A module may import its own layer and the layers below it.
 LAYERS = {
-    "ftcomm._C": 0, "ftcomm.errors": 0, "ftcomm.settings": 0,
+    "ftcomm._C": 0, "ftcomm.errors": 0, "ftcomm.settings": 0, "ftcomm.segment_paths": 0,
     "ftcomm.core": 1,
     "ftcomm.membership": 2,
     "ftcomm.training": 3,
@@ -107,9 +107,10 @@ def test_layers_import_only_downward():
 
 
 def test_launcher_needs_only_settings():
-    """ftcomm-run reads settings and starts a launcher: it needs no communicator."""
+    """ftcomm-run reads settings, starts a launcher and removes the job's node-local segments: it
+    needs no communicator."""
     used = {t for m, edges in GRAPH.items() if m.startswith("ftcomm.launch") for t in edges}
-    assert {t for t in used if not t.startswith("ftcomm.launch")} == {"ftcomm.settings"}
+    assert {t for t in used if not t.startswith("ftcomm.launch")} == {"ftcomm.settings", "ftcomm.segment_paths"}
 
 
 def test_only_the_core_calls_the_extension():

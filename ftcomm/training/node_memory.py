@@ -1,0 +1,255 @@
+"""Committed shards and replicas in node-local shared memory, where they outlive the job.
+
+When a whole MPI job dies (a node lost, its daemon with it: docs/NODE_LOSS.md), every other node
+still holds, in its ranks' memory, their committed shards and the replicas of the lost node's
+shards (buddies are placed on other nodes). Held in private memory, all of it dies with the
+processes; held in files under ``/dev/shm`` it stays on the node, and the job that
+``ftcomm-run --restarts`` relaunches there resumes from it (``warm_resume.py``) instead of from
+disk. The in-memory checkpoints of Gemini (Wang et al., SOSP'23) keep state in host memory
+outside the training processes the same way; here no agent process and no extra copy are
+needed: the buffers the sharded optimizer steps in *are* the segments.
+
+One segment per buffer (a live or staging shard, a replica): a file
+
+    <FTCOMM_SHM_DIR>/ftcomm-<uid>-<job>/<node>/L<launch>-W<world rank>-<n>.seg
+
+  - ``job``: the ftcomm-run process that started the job (FTCOMM_LAUNCHER), the same for every
+    relaunch of it and different for any other job; the directory is made with mode 0700 and
+    files 0600, and a file whose owner is not this user is never read;
+  - ``node``: the rank's node (``ftcomm.membership.nodes``; the made-up one under
+    ``--fake-nodes``, so that the segments of a "lost" fake node can be removed as a real node's
+    would be gone);
+  - ``launch``: FTCOMM_RESTART, so that a relaunch tells its own segments from its
+    predecessors'.
+
+Layout of a segment: a 4 KiB page with a magic number and the *commit word* (the step whose
+committed state the segment holds, -1 for none), the replica header (``replica.py``'s JSON:
+shard, step, layout, optimizer, scalars, metadata, XXH3-64 of the data), then the float32 data.
+The commit word is written only after the step's agreement, once the data and header are
+complete, and cleared before the buffer is written again, so a reader after a crash can tell a
+committed state from one that was half written; the checksum catches the rest.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import settings
+from ..segment_paths import node_dir
+from .replica import HEADER_BYTES, Replica, checksum, decode_header
+
+MAGIC = b"FTCSEG01"
+PAGE = 4096
+HEADER_OFFSET = PAGE
+DATA_OFFSET = PAGE + HEADER_BYTES  # page-aligned: HEADER_BYTES is a multiple of the page size
+_NAME = re.compile(r"^L(\d+)-W(\d+)-(\d+)\.seg$")
+
+
+class _Segment:
+    """One mapped segment file: the commit word, the header and the data."""
+
+    def __init__(self, path: str, elements: int, create: bool):
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            size = DATA_OFFSET + 4 * max(elements, 1)
+            if create:
+                # Reserve the memory now: a tmpfs that is full would otherwise raise SIGBUS at the
+                # first touch of a page, in the middle of a step.
+                os.posix_fallocate(fd, 0, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        words = np.frombuffer(self.map, np.int64, 4, 0)
+        self.words = words
+        if create:
+            self.map[:8] = MAGIC
+            words[1] = -1
+            words[2] = elements
+        self.header = np.frombuffer(self.map, np.uint8, HEADER_BYTES, HEADER_OFFSET)
+        self.data = np.frombuffer(self.map, np.float32, int(words[2]), DATA_OFFSET)
+
+    @property
+    def committed_step(self) -> int:
+        return int(self.words[1])
+
+    def mark(self, step: int, header: np.ndarray | None = None) -> None:
+        if header is not None and header is not self.header:
+            self.words[1] = -1
+            self.header[:] = header
+        self.words[1] = step
+
+    def unmark(self) -> None:
+        self.words[1] = -1
+
+
+class NodeMemory:
+    """Allocates this rank's shard and replica buffers as segments, and marks them committed.
+
+    Args:
+        directory: this node's segment directory of this job (``node_dir``).
+        world_rank, launch: this process's world rank and FTCOMM_RESTART.
+    """
+
+    def __init__(self, directory: str, world_rank: int, launch: int):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.directory, self.world_rank, self.launch = directory, world_rank, launch
+        self._segments: dict[int, _Segment] = {}  # address of the data -> its segment
+        self._count = 0
+        from ..core import runtime
+
+        # A clean exit removes this process's segments; a crash leaves them to the relaunch.
+        runtime.at_shutdown(lambda crashed: None if crashed else self.close())
+
+    @classmethod
+    def for_rank(cls, world_rank: int) -> "NodeMemory | None":
+        """This rank's node memory, or None when off (FTCOMM_WARM=0, or outside ftcomm-run)."""
+        if not settings.warm_restart():
+            return None
+        from ..membership.nodes import node_name
+
+        directory = node_dir(node_name())
+        return None if directory is None else cls(directory, world_rank, settings.restart_count())
+
+    def _new(self, elements: int) -> _Segment:
+        self._count += 1
+        path = os.path.join(self.directory, f"L{self.launch}-W{self.world_rank}-{self._count}.seg")
+        segment = _Segment(path, elements, create=True)
+        self._segments[segment.data.ctypes.data] = segment
+        return segment
+
+    def zeros(self, n: int) -> np.ndarray:
+        """A zeroed float32 array of ``n`` elements in a new segment (``storage.allocate``'s
+        ``zeros``).
+
+        Raises:
+            OSError: the segment cannot be made (ENOSPC: the node's /dev/shm is full).
+        """
+        return self._new(n).data
+
+    def replica_buffer(self, shape: tuple, capacity: int) -> Replica:
+        """A replica's header and state, both in one new segment."""
+        n = max(int(np.prod(shape)), capacity)
+        segment = self._new(n)
+        return Replica(segment.header, segment.data[: int(np.prod(shape))].reshape(shape))
+
+    def _segment_of(self, array: np.ndarray) -> _Segment | None:
+        owner = array
+        while owner.base is not None and isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        return self._segments.get(owner.ctypes.data)
+
+    def mark(self, array: np.ndarray, step: int, header: np.ndarray | None = None) -> None:
+        """``array`` (a segment's data, or a view of its start) holds the committed state of
+        ``step``, described by ``header`` (copied into the segment unless it already is there)."""
+        segment = self._segment_of(array)
+        if segment is not None:
+            segment.mark(step, header)
+
+    def unmark(self, array: np.ndarray) -> None:
+        """``array``'s segment is about to be written: no longer a committed state."""
+        segment = self._segment_of(array)
+        if segment is not None:
+            segment.unmark()
+
+    def close(self) -> None:
+        """Removes this process's segments (the job ended normally)."""
+        for segment in self._segments.values():
+            try:
+                os.unlink(segment.path)
+            except OSError:
+                pass
+        self._segments.clear()
+
+
+@dataclass
+class Copy:
+    """A committed copy of a shard found in a segment: ``meta`` is its header (shard, step,
+    numel, shard_len, size, slots, optimizer, scalars, extra, xxh3, nbytes)."""
+
+    path: str
+    launch: int
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    @property
+    def shard(self) -> int:
+        return int(self.meta["shard"])
+
+    def header(self) -> np.ndarray:
+        """The segment's header bytes (uint8[HEADER_BYTES]), as they were when listed or later."""
+        with open(self.path, "rb") as f:
+            f.seek(HEADER_OFFSET)
+            return np.frombuffer(f.read(HEADER_BYTES), np.uint8).copy()
+
+    def state(self) -> np.ndarray | None:
+        """The shard's data ``(slots, shard_len)``, read-only and mapped, or None when the segment
+        no longer holds that committed state or its checksum is wrong."""
+        try:
+            with open(self.path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None
+        words = np.frombuffer(mapped, np.int64, 4, 0)
+        slots, shard_len = int(self.meta["slots"]), int(self.meta["shard_len"])
+        if words[1] != self.step or slots * shard_len > words[2]:
+            return None
+        state = np.frombuffer(mapped, np.float32, slots * shard_len, DATA_OFFSET).reshape(slots, shard_len)
+        if self.meta.get("nbytes") != state.nbytes or self.meta.get("xxh3") != checksum(state):
+            return None
+        return state
+
+
+def scan(directory: str | None, before_launch: int) -> list[Copy]:
+    """The committed copies in a node's segment directory written by launches before
+    ``before_launch`` (a relaunch's predecessors), owned by this user; headers only (the data is
+    checked by ``Copy.state``)."""
+    if directory is None or not os.path.isdir(directory):
+        return []
+    found = []
+    for name in sorted(os.listdir(directory)):
+        match = _NAME.match(name)
+        if match is None or int(match.group(1)) >= before_launch:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            with open(path, "rb") as f:
+                head = f.read(DATA_OFFSET)
+        except OSError:
+            continue
+        if len(head) < DATA_OFFSET or head[:8] != MAGIC:
+            continue
+        step = int(np.frombuffer(head, np.int64, 1, 8)[0])
+        meta = decode_header(np.frombuffer(head, np.uint8, HEADER_BYTES, HEADER_OFFSET))
+        if step < 0 or not meta or meta.get("step") != step or "slots" not in meta:
+            continue
+        found.append(Copy(path, int(match.group(1)), meta))
+    return found
+
+
+def remove_earlier_launches(directory: str | None, launch: int) -> int:
+    """Deletes the segments of launches before ``launch`` in a node's directory (after a
+    relaunch resumed, or found nothing to resume from); returns how many."""
+    removed = 0
+    if directory is None or not os.path.isdir(directory):
+        return 0
+    for name in os.listdir(directory):
+        match = _NAME.match(name)
+        if match is not None and int(match.group(1)) < launch:
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+            except OSError as error:
+                print(f"ftcomm: could not remove {name}: {error}", file=sys.stderr)
+    return removed

@@ -1,0 +1,191 @@
+"""A relaunched job resumes from the committed shards its nodes still hold in shared memory.
+
+After ``ftcomm-run --restarts`` relaunched a dead job, every rank of the new job (``launch`` =
+FTCOMM_RESTART > 0) does, collectively:
+
+1. **list**: the committed copies (owners' shards and buddies' replicas) that earlier launches
+   left in its node's segment directory (``node_memory.scan``); the ranks of a node share its
+   directory, so each copy is read by one of them (round robin), which checks its XXH3-64;
+2. **agree**: every rank learns what every rank holds (one allgather of a small table), and all
+   pick, by the same rule, the newest step for which every shard of its layout is held by some
+   rank (the lowest such rank is the shard's source). A step with a shard held nowhere is
+   skipped, and that shard is named in the log;
+3. **re-shard**: the copies are cut into the new world size's shards and moved, each rank
+   receiving only what it lacks (``rebuild.move_pieces``), plus one header per rank: the
+   committed metadata (data position, RNG) of the old rank with its world rank, else of rank 0;
+4. **commit**: the parameters are allgathered, the new shards replicated and one agreement
+   adopts them (``rebuild.finish``), as after an in-memory recovery. Then each node's lowest rank
+   removes the earlier launches' segments.
+
+Nothing is found, or no step is complete: ``resume`` returns None and the caller goes to disk.
+A failure during any phase raises on every rank (ProcFailedError, by the phases' agreements)
+with the segments untouched: recover the communicator and call ``resume`` again.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from .. import settings
+from ..core import fault
+from ..core.outcome import agreed
+from ..errors import FtError
+from ..membership import nodes
+from . import node_memory, rebuild
+from .layout import ShardLayout, reshard_plan
+from .replica import HEADER_BYTES, decode_header
+
+
+def _allgather_json(comm, value, timeout) -> list:
+    """``value`` (JSON-serialisable) of every rank, in rank order."""
+    raw = json.dumps(value, separators=(",", ":")).encode()
+    _, longest = comm.minmax([len(raw)], timeout=timeout)
+    send = np.zeros(longest[0], np.uint8)
+    send[: len(raw)] = np.frombuffer(raw, np.uint8)
+    table = np.zeros((comm.size, longest[0]), np.uint8)
+    comm.allgather(send, table, timeout=timeout)
+    return [json.loads(bytes(row).rstrip(b"\0")) for row in table]
+
+
+def _local_copies(opt, comm, launch: int, table: dict) -> dict:
+    """This rank's share of its node's committed copies, checked: {(step, shard): (Copy, state)}.
+    ``table``: {world rank: node name}."""
+    here = table[comm.world_rank]
+    local = [r for r, w in enumerate(comm.world_ranks) if table[w] == here]
+    copies = node_memory.scan(opt.memory.directory, launch)
+    held = {}
+    for copy in copies[local.index(comm.rank)::len(local)]:
+        if (copy.step, copy.shard) in held:
+            continue
+        state = copy.state()
+        if state is not None:
+            held[(copy.step, copy.shard)] = (copy, state)
+    return held
+
+
+def _entry(copy) -> list:
+    meta = copy.meta
+    return [copy.step, copy.shard, meta["size"], meta["numel"], meta["slots"], meta["optimizer"],
+            meta.get("world_rank", -1), meta.get("scalars")]
+
+
+def choose(everything: list, numel: int, slots: int, optimizer: str) -> tuple:
+    """The newest step whose every shard some rank holds (the same on every rank).
+
+    Args:
+        everything: per rank, its entries [step, shard, size, numel, slots, optimizer,
+            old world rank, scalars].
+
+    Returns:
+        (step, old layout, {shard: new rank}, {shard: old world rank}, scalars, missing), with
+        step None when no step is complete; ``missing``: {step: first shard held nowhere}.
+    """
+    by_step: dict = {}
+    for rank, entries in enumerate(everything):
+        for step, shard, size, n, s, name, world_rank, scalars in entries:
+            if (n, s, name) != (numel, slots, optimizer):
+                continue  # a copy of another model or optimizer
+            held = by_step.setdefault((step, size), {})
+            if shard not in held or rank < held[shard][0]:
+                held[shard] = (rank, world_rank, scalars)
+    missing = {}
+    for step, size in sorted(by_step, reverse=True):
+        held = by_step[(step, size)]
+        old = ShardLayout(numel, tuple(range(size)))
+        needed = [s for s in range(size) if old.bounds(s)[0] < old.bounds(s)[1]]
+        absent = [s for s in needed if s not in held]
+        if absent:
+            missing[step] = absent[0]
+            continue
+        sources = {s: held[s][0] for s in needed}
+        owners = {s: held[s][1] for s in held}
+        return step, old, sources, owners, held[needed[0]][2], missing
+    return None, None, {}, {}, None, missing
+
+
+def resume(opt, comm, log=None) -> dict | None:
+    """Loads the newest step every shard of which is held in the nodes' shared memory (see the
+    module docstring); collective.
+
+    Args:
+        opt: a ``ShardedOptimizer`` built by this launch (its state is replaced).
+        comm: its communicator.
+        log: ``log(**event)`` (``events.py``); events "warm_resume_incomplete" (a step skipped,
+            the shard missing) and, from the caller, "resumed".
+
+    Returns:
+        None when this is not a relaunch, there is no node memory, or no step is complete; else
+        {"step", "from_world_size", "bytes_read" (this rank's copies), "bytes_moved" (whole job),
+        "phases": {"list_s", "agree_s", "move_s", "finish_s"}}.
+
+    Raises:
+        ProcFailedError etc.: a failure during the resume, on every rank; nothing changed.
+    """
+    launch = settings.restart_count()
+    if opt.memory is None or launch == 0:
+        return None
+    t0 = time.perf_counter()
+    with agreed(comm, "warm resume: listing the nodes' segments", timeout=opt.timeout):
+        table = nodes.gather(comm, opt.timeout)
+        held = _local_copies(opt, comm, launch, table)
+        everything = _allgather_json(comm, [_entry(c) for c, _ in held.values()], opt.timeout)
+    t1 = time.perf_counter()
+    step, old, sources, owners, scalars, missing = choose(everything, opt.numel, len(opt.stepper.slots),
+                                                          opt.stepper.name)
+    for skipped, shard in sorted(missing.items(), reverse=True):
+        if step is None or skipped > step:
+            (log or (lambda **e: None))(event="warm_resume_incomplete", step=skipped, missing_shard=shard)
+    if step is None:
+        return None
+    new = ShardLayout(old.numel, tuple(comm.world_ranks))
+    plan = reshard_plan(old, new, sources)
+    live = rebuild.new_live(opt, new)
+    lo, hi = new.bounds(comm.rank)
+    live[:, hi - lo:] = 0
+    header = np.zeros(HEADER_BYTES, np.uint8)
+    headers = _metadata_transfers(comm, held, step, sources, owners, header)  # from other ranks
+
+    ok = True
+    t2 = time.perf_counter()
+    try:
+        fault.point("warm_resume", comm.world_rank, step)
+        rebuild.move_pieces(opt, comm, plan, old, new, live, headers,
+                            holding=lambda shard: held[(step, shard)][1])
+    except FtError:
+        ok = False  # agreed on by finish()
+    t3 = time.perf_counter()
+    meta = (decode_header(header) or {}).get("extra", {})
+    opt.scalars = scalars
+    rebuild.finish(opt, comm, new, live, step, meta, ok)
+    t4 = time.perf_counter()
+    _remove_earlier(opt, comm, launch, table)
+    return {"step": step, "from_world_size": old.size, "bytes_read": sum(s.nbytes for _, s in held.values()),
+            "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]),
+            "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3}}
+
+
+def _metadata_transfers(comm, held: dict, step: int, sources: dict, owners: dict, into: np.ndarray) -> list:
+    """Header transfers (src, dst, send, receive) giving each new rank the committed metadata of
+    the old shard whose owner had its world rank, else of shard 0 (as a disk resume does)."""
+    by_world = {w: s for s, w in owners.items()}
+    out = []
+    for rank, world_rank in enumerate(comm.world_ranks):
+        shard = by_world.get(world_rank, min(sources))
+        src = sources[shard]
+        if src != comm.rank:
+            out.append((src, rank, None, into))
+        elif rank == comm.rank:
+            into[:] = held[(step, shard)][0].header()  # this rank holds its own: no transfer
+        else:
+            out.append((src, rank, held[(step, shard)][0].header(), into))
+    return out
+
+
+def _remove_earlier(opt, comm, launch: int, table: dict) -> None:
+    """Each node's lowest rank removes the segments earlier launches left there (after the
+    agreement that ended the resume: nobody reads them any more). ``table``: {world rank: node}."""
+    here = table[comm.world_rank]
+    if min(r for r, w in enumerate(comm.world_ranks) if table[w] == here) == comm.rank:
+        node_memory.remove_earlier_launches(opt.memory.directory, launch)

@@ -1,0 +1,103 @@
+"""Node-local shared memory segments (ftcomm/training/node_memory.py) and the warm resume's choice
+of step and sources (ftcomm/training/warm_resume.py): one process, files under tmp_path."""
+import os
+
+import numpy as np
+import pytest
+
+from ftcomm import segment_paths
+from ftcomm.training import node_memory, warm_resume
+from ftcomm.training.replica import Replica, checksum, encode_header
+
+
+def _meta(step, shard, size=2, numel=10, slots=2):
+    return {"shard": shard, "step": step, "world_rank": shard, "numel": numel, "shard_len": -(-numel // size),
+            "size": size, "slots": slots, "optimizer": "SGD", "scalars": [{"step": float(step)}],
+            "extra": {"pos": step}}
+
+
+def _committed(memory, step, shard, value, size=2, numel=10):
+    """A live shard of (2, shard_len) in a segment, marked committed at ``step``."""
+    shard_len = -(-numel // size)
+    state = memory.zeros(2 * shard_len)[: 2 * shard_len].reshape(2, shard_len)
+    state[:] = value
+    memory.mark(state, step, encode_header(_meta(step, shard, size, numel), state))
+    return state
+
+
+@pytest.fixture
+def memory(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTCOMM_SHM_DIR", str(tmp_path))
+    directory = segment_paths.node_dir("n1", key="job-a")
+    return node_memory.NodeMemory(directory, world_rank=0, launch=0)
+
+
+def test_a_committed_segment_is_listed_by_a_later_launch_and_read_back(memory):
+    state = _committed(memory, 5, 0, 1.5)
+    assert node_memory.scan(memory.directory, before_launch=0) == []  # its own launch's: not listed
+    (copy,) = node_memory.scan(memory.directory, before_launch=1)
+    assert (copy.step, copy.shard, copy.meta["extra"]) == (5, 0, {"pos": 5})
+    assert np.array_equal(copy.state(), state) and copy.meta["xxh3"] == checksum(state)
+    assert os.stat(copy.path).st_mode & 0o777 == 0o600 and os.stat(memory.directory).st_mode & 0o777 == 0o700
+
+
+def test_a_half_written_or_damaged_segment_is_not_used(memory):
+    state = _committed(memory, 5, 0, 1.5)
+    memory.unmark(state)  # the next step writes it
+    assert node_memory.scan(memory.directory, before_launch=1) == []
+    memory.mark(state, 5)
+    (copy,) = node_memory.scan(memory.directory, before_launch=1)
+    state[1, 2] = 7.0  # a flipped value after the mark: the checksum no longer matches
+    assert copy.state() is None
+
+
+def test_a_replica_lives_in_one_segment_and_its_commit_marks_it(memory):
+    replica = memory.replica_buffer((2, 5), capacity=12)
+    replica.state[:] = 3.0
+    replica.header[:] = encode_header(_meta(4, 1), replica.state)
+    assert node_memory.scan(memory.directory, before_launch=1) == []  # pending: not committed yet
+    memory.mark(replica.state, 4, replica.header)
+    (copy,) = node_memory.scan(memory.directory, before_launch=1)
+    assert copy.shard == 1 and np.array_equal(copy.state(), np.full((2, 5), 3.0, np.float32))
+    assert isinstance(replica, Replica)
+
+
+def test_other_jobs_segments_are_never_listed_nor_removed(memory, tmp_path):
+    _committed(memory, 5, 0, 1.0)
+    other = node_memory.NodeMemory(segment_paths.node_dir("n1", key="job-b"), world_rank=0, launch=0)
+    _committed(other, 9, 0, 2.0)
+    assert [c.step for c in node_memory.scan(memory.directory, 1)] == [5]
+    segment_paths.remove_job(key="job-a")
+    assert not os.path.exists(memory.directory)
+    assert [c.step for c in node_memory.scan(other.directory, 1)] == [9]
+
+
+def test_close_removes_only_this_process_segments(memory):
+    _committed(memory, 5, 0, 1.0)
+    neighbour = node_memory.NodeMemory(memory.directory, world_rank=1, launch=0)
+    _committed(neighbour, 5, 1, 2.0)
+    memory.close()
+    assert [c.shard for c in node_memory.scan(memory.directory, 1)] == [1]
+    assert node_memory.remove_earlier_launches(memory.directory, 1) == 1
+    assert os.listdir(memory.directory) == []
+
+
+def _entry(step, shard, size=4, numel=100, world_rank=None):
+    return [step, shard, size, numel, 3, "AdamW", shard if world_rank is None else world_rank, [{"step": step}]]
+
+
+def test_the_newest_step_held_whole_is_chosen_with_the_lowest_holder_as_source():
+    everything = [
+        [_entry(7, 0), _entry(7, 2), _entry(6, 0), _entry(6, 2)],   # new rank 0
+        [_entry(7, 1), _entry(6, 1), _entry(6, 3), _entry(7, 0)],   # new rank 1: shard 3 of step 7 is gone
+    ]
+    step, old, sources, owners, scalars, missing = warm_resume.choose(everything, 100, 3, "AdamW")
+    assert step == 6 and old.size == 4 and missing == {7: 3}
+    assert sources == {0: 0, 1: 1, 2: 0, 3: 1} and scalars == [{"step": 6}] and owners[3] == 3
+
+
+def test_copies_of_another_model_do_not_count_and_nothing_whole_is_none():
+    everything = [[_entry(7, 0), _entry(7, 1, numel=99)], [_entry(7, 2), _entry(7, 3)]]
+    step, _, _, _, _, missing = warm_resume.choose(everything, 100, 3, "AdamW")
+    assert step is None and missing == {7: 1}
+    assert warm_resume.choose([[], []], 100, 3, "AdamW")[0] is None
