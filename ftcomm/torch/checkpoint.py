@@ -48,14 +48,14 @@ def _kinds(optimizer, extra_state) -> list:
             [type(obj).__name__ for obj in extra_state]]
 
 
-def _rng_states() -> dict:
+def rng_states() -> dict:
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_states(state: dict) -> None:
+def set_rng_states(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -86,7 +86,7 @@ def entries(pg, model, optimizer, extra_state, loader_state: dict) -> dict:
     rank, size, world_rank = pg.comm.rank, pg.comm.size, pg.comm.world_rank
     out = sharded.model_entries(_module(model).state_dict(), rank, size)
     out.update(_optimizer_entries(optimizer, rank, size))
-    out[f"rng.{world_rank}"] = Blob(_rng_states())
+    out[f"rng.{world_rank}"] = Blob(rng_states())
     if rank == 0:
         out.update({f"extra.{i}": Blob(obj.state_dict()) for i, obj in enumerate(extra_state)})
         out["loader"] = Blob(loader_state)
@@ -139,7 +139,7 @@ def _apply(pg, optimizer, extra_state, loaded: dict, step: int) -> dict:
     objects = loaded["objects"]
     for i, obj in enumerate(extra_state):
         obj.load_state_dict(objects[f"extra.{i}"])
-    _set_rng_states(objects[loaded["rng"]])
+    set_rng_states(objects[loaded["rng"]])
     return {**objects["loader"], "bytes_read": loaded["bytes"] + (loaded["shard"]["bytes"] if "shard" in loaded else 0)}
 
 

@@ -36,6 +36,7 @@ optimizer hook lives in ``step_state.py``.
 """
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -51,6 +52,7 @@ from .executor import EXECUTOR
 from .grad_outliers import GradOutlierCheck, ddp_hook
 from .process_group import ftcomm_group
 from .step_state import STATE, end_step, install_hook, recoveries, unpoison
+from .warm import LoopMemory
 
 
 class ResilientLoader:
@@ -144,6 +146,8 @@ class ResilientLoader:
                                  "checkpoint holds)")
             self._checkpoints = LoopCheckpoints(checkpoint_dir, checkpoint_every, mtbf_s,
                                                 lambda **event: self._record(self._process_group(), **event))
+        # The warm tier: with a ZeroRedundancyOptimizer whose shards live in node memory
+        self._memory = LoopMemory(model, optimizer, self.extra_state) if optimizer is not None else None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -172,8 +176,10 @@ class ResilientLoader:
         if pg.joining:
             self._resume = self._hand_over(pg, None)
             first = self._resume["epoch"]
-        elif self._checkpoints is not None:
-            self._resume = self._checkpoints.resume(pg, self.model, self.optimizer, self.extra_state)
+        else:
+            self._resume = self._resume_from_memory(pg)  # a relaunch: the nodes' memory first
+            if self._resume is None and self._checkpoints is not None:
+                self._resume = self._checkpoints.resume(pg, self.model, self.optimizer, self.extra_state)
             if self._resume is not None:
                 first, self.resumed_from = self._resume["epoch"], self._resume["steps_applied"]
                 self.steps_applied, self.steps_redone = self._resume["steps_applied"], self._resume["steps_redone"]
@@ -191,6 +197,35 @@ class ResilientLoader:
         finally:
             self._in_epochs = False
             self.epoch = None
+
+    def _resume_from_memory(self, pg, max_attempts: int = 8) -> dict | None:
+        """On a relaunch, the newest step the nodes' shared memory holds whole (``warm.py``), or
+        None; a failure during it recovers the group and tries again. Logs "resumed"."""
+        if self._memory is None or not self._memory.active:
+            return None
+        for attempt in range(max_attempts):
+            comm = pg.comm
+            try:
+                state = self._memory.resume(pg, lambda **event: self._record(pg, **event))
+                break
+            except FtError as error:
+                if attempt + 1 == max_attempts:
+                    raise
+                pg.recover_after(comm, "warm resume", error)
+                if pg.comm is comm:  # nothing was recovered: the error is not a failure to go past
+                    raise
+                unpoison()
+                self._record_recoveries(pg)
+        if state is None:
+            return None
+        self._record(pg, event="resumed", step=state["steps_applied"], **{"from": "memory"}, world_size=pg.size(),
+                     from_world_size=state["from_world_size"], bytes_read=state["bytes_read"],
+                     load_s=round(state["load_s"], 6), **{k: round(v, 6) for k, v in state["phases"].items()})
+        if pg.rank() == 0:
+            print(f"ftcomm: resumed from the nodes' shared memory (step {state['steps_applied']}, written by "
+                  f"{state['from_world_size']} ranks) at world size {pg.size()} in {state['load_s']:.2f} s",
+                  file=sys.stderr, flush=True)
+        return state
 
     def flush_checkpoints(self, final: bool = True) -> None:
         """Waits for the checkpoint being written (``checkpoint_dir``) and completes it, then, with
@@ -315,6 +350,7 @@ class ResilientLoader:
         sampler = getattr(self.loader, "sampler", None)
         can_resplit = isinstance(sampler, DistributedSampler) and self.loader.batch_size is not None
         joinable = self._check_joinable(pg, can_resplit)
+        warm = self._memory is not None and self._memory.active and can_resplit and self._in_epochs
         if self._checkpoints is not None and not (can_resplit and self._in_epochs):
             raise ValueError("ftcomm.torch.resilient with checkpoint_dir needs a DataLoader with a DistributedSampler "
                              "and a batch_size, iterated as `for epoch in loader.epochs(E): for batch in loader:` "
@@ -373,10 +409,13 @@ class ResilientLoader:
                         waiting_first_commit = False
                     self._divergence.after_step(pg, self.model, self.optimizer, self.steps_applied)
                     runtime.note_committed(self.steps_applied)
+                    loader_state = {"epoch": self.epoch, "plan": plan, "plan_size": plan_size,
+                                    "used": used * batch_size, "steps_applied": self.steps_applied,
+                                    "steps_redone": self.steps_redone}
+                    if warm:
+                        self._memory.at_step(loader_state)
                     if self._checkpoints is not None:
-                        self._checkpoint(pg, {"epoch": self.epoch, "plan": plan, "plan_size": plan_size,
-                                              "used": used * batch_size, "steps_applied": self.steps_applied,
-                                              "steps_redone": self.steps_redone})
+                        self._checkpoint(pg, loader_state)
                 if pg.generation == generation:
                     if skipped:  # voided without a failure (a gradient outlier): the same batch again
                         redo = batch

@@ -37,6 +37,7 @@ import torch
 from ..errors import CollectiveTimeoutError, ProcFailedError, RevokedError
 from ..core.outcome import retrying
 from ..training import ShardedOptimizer
+from ..training import warm_resume
 from ..training.stepper import probe, resolve
 from .executor import EXECUTOR
 from .device_shard import DeviceShard
@@ -253,6 +254,30 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._engine.stepper.set_hyper(self.param_groups)
         self.last_rebuild = self._engine.rebuild(comm)
         self._master.params_to_device()
+
+    # -- warm restart from the nodes' shared memory (warm.py) ---------------------------------
+    @property
+    def node_memory(self):
+        """The engine's node-local shared memory (``training/node_memory.py``), or None."""
+        return self._engine.memory
+
+    @property
+    def committed_step(self) -> int:
+        """The engine's last committed step."""
+        return self._engine.step_id
+
+    def resume_from_memory(self, comm, log=None, eligible=None, fetch=None) -> dict | None:
+        """On a relaunch: the newest step the nodes' shared memory holds whole, re-sharded over
+        ``comm`` and made current (``training/warm_resume.resume``, whose arguments and result
+        these are), the parameters then copied into the model. Collective.
+
+        Raises:
+            ProcFailedError etc.: a rank failed; nothing changed.
+        """
+        found = warm_resume.resume(self._engine, comm, log, eligible=eligible, fetch=fetch)
+        if found is not None:
+            self._master.params_to_device()
+        return found
 
     # -- disk checkpoints (checkpoint.py) -----------------------------------------------------
     def load_checkpoint(self, shard: dict, settings: list, step: int) -> None:

@@ -31,6 +31,7 @@ committed state from one that was half written; the checksum catches the rest.
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -102,6 +103,8 @@ class NodeMemory:
         self.directory, self.world_rank, self.launch = directory, world_rank, launch
         self._segments: dict[int, _Segment] = {}  # address of the data -> its segment
         self._count = 0
+        self._blobs: dict[str, list] = {}  # name -> its two segments (put_blob)
+        self._blob_turn: dict[str, int] = {}
         from ..core import runtime
 
         # A clean exit removes this process's segments; a crash leaves them to the relaunch.
@@ -158,6 +161,36 @@ class NodeMemory:
         if segment is not None:
             segment.unmark()
 
+    def put_blob(self, name: str, step: int, data: bytes) -> None:
+        """Keeps ``data`` (bytes: what a layer above needs besides the shards, e.g. the torch
+        loop's position and RNG) as this rank's committed blob ``name`` of ``step``. Two segments
+        per name take turns, so the previous step's blob stays whole while this one is written."""
+        slots = self._blobs.setdefault(name, [None, None])
+        turn = self._blob_turn.get(name, 0)
+        self._blob_turn[name] = 1 - turn
+        segment = slots[turn]
+        elements = -(-len(data) // 4)
+        if segment is None or segment.words[2] < elements:
+            if segment is not None:
+                self._drop(segment)
+            segment = slots[turn] = self._new(max(elements, 1024))
+        segment.unmark()
+        raw = np.frombuffer(data, np.uint8)
+        segment.data.view(np.uint8)[: len(raw)] = raw
+        meta = {"blob": name, "step": step, "world_rank": self.world_rank, "nbytes": len(raw),
+                "xxh3": checksum(raw)}
+        header = np.zeros(HEADER_BYTES, np.uint8)
+        encoded = json.dumps(meta).encode()
+        header[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+        segment.mark(step, header)
+
+    def _drop(self, segment: _Segment) -> None:
+        self._segments.pop(segment.data.ctypes.data, None)
+        try:
+            os.unlink(segment.path)
+        except OSError:
+            pass
+
     def close(self) -> None:
         """Removes this process's segments (the job ended normally)."""
         for segment in self._segments.values():
@@ -166,6 +199,33 @@ class NodeMemory:
             except OSError:
                 pass
         self._segments.clear()
+
+
+@dataclass
+class Blob:
+    """A committed blob found in a segment (``NodeMemory.put_blob``): ``meta`` has blob (its name),
+    step, world_rank, nbytes, xxh3."""
+
+    path: str
+    launch: int
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    def read(self) -> bytes | None:
+        """The blob's bytes, or None when the segment no longer holds it whole."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(DATA_OFFSET)
+                data = f.read(int(self.meta["nbytes"]))
+        except (OSError, ValueError):
+            return None
+        if len(head) < DATA_OFFSET or int(np.frombuffer(head, np.int64, 1, 8)[0]) != self.step:
+            return None
+        raw = np.frombuffer(data, np.uint8)
+        return data if len(raw) == self.meta["nbytes"] and checksum(raw) == self.meta["xxh3"] else None
 
 
 @dataclass
@@ -210,9 +270,19 @@ class Copy:
 
 
 def scan(directory: str | None, before_launch: int) -> list[Copy]:
-    """The committed copies in a node's segment directory written by launches before
+    """The committed copies of shards in a node's segment directory written by launches before
     ``before_launch`` (a relaunch's predecessors), owned by this user; headers only (the data is
     checked by ``Copy.state``)."""
+    return [found for found in _scan(directory, before_launch) if isinstance(found, Copy)]
+
+
+def scan_blobs(directory: str | None, before_launch: int, name: str) -> list[Blob]:
+    """The committed blobs ``name`` in a node's segment directory, as ``scan`` finds copies."""
+    return [found for found in _scan(directory, before_launch) if isinstance(found, Blob)
+            and found.meta["blob"] == name]
+
+
+def _scan(directory: str | None, before_launch: int) -> list:
     if directory is None or not os.path.isdir(directory):
         return []
     found = []
@@ -232,9 +302,12 @@ def scan(directory: str | None, before_launch: int) -> list[Copy]:
             continue
         step = int(np.frombuffer(head, np.int64, 1, 8)[0])
         meta = decode_header(np.frombuffer(head, np.uint8, HEADER_BYTES, HEADER_OFFSET))
-        if step < 0 or not meta or meta.get("step") != step or "slots" not in meta:
+        if step < 0 or not meta or meta.get("step") != step:
             continue
-        found.append(Copy(path, int(match.group(1)), meta))
+        if "blob" in meta:
+            found.append(Blob(path, int(match.group(1)), meta))
+        elif "slots" in meta:
+            found.append(Copy(path, int(match.group(1)), meta))
     return found
 
 

@@ -38,7 +38,7 @@ from .layout import ShardLayout, reshard_plan
 from .replica import HEADER_BYTES, decode_header
 
 
-def _allgather_json(comm, value, timeout) -> list:
+def allgather_json(comm, value, timeout) -> list:
     """``value`` (JSON-serialisable) of every rank, in rank order."""
     raw = json.dumps(value, separators=(",", ":")).encode()
     _, longest = comm.minmax([len(raw)], timeout=timeout)
@@ -71,12 +71,14 @@ def _entry(copy) -> list:
             meta.get("world_rank", -1), meta.get("scalars")]
 
 
-def choose(everything: list, numel: int, slots: int, optimizer: str) -> tuple:
+def choose(everything: list, numel: int, slots: int, optimizer: str, eligible=None) -> tuple:
     """The newest step whose every shard some rank holds (the same on every rank).
 
     Args:
         everything: per rank, its entries [step, shard, size, numel, slots, optimizer,
             old world rank, scalars].
+        eligible: the steps that may be chosen (None: any); the caller's own state must exist
+            for them too (the torch loop's position, say).
 
     Returns:
         (step, old layout, {shard: new rank}, {shard: old world rank}, scalars, missing), with
@@ -92,6 +94,8 @@ def choose(everything: list, numel: int, slots: int, optimizer: str) -> tuple:
                 held[shard] = (rank, world_rank, scalars)
     missing = {}
     for step, size in sorted(by_step, reverse=True):
+        if eligible is not None and step not in eligible:
+            continue
         held = by_step[(step, size)]
         old = ShardLayout(numel, tuple(range(size)))
         needed = [s for s in range(size) if old.bounds(s)[0] < old.bounds(s)[1]]
@@ -105,7 +109,7 @@ def choose(everything: list, numel: int, slots: int, optimizer: str) -> tuple:
     return None, None, {}, {}, None, missing
 
 
-def resume(opt, comm, log=None) -> dict | None:
+def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     """Loads the newest step every shard of which is held in the nodes' shared memory (see the
     module docstring); collective.
 
@@ -114,6 +118,10 @@ def resume(opt, comm, log=None) -> dict | None:
         comm: its communicator.
         log: ``log(**event)`` (``events.py``); events "warm_resume_incomplete" (a step skipped,
             the shard missing) and, from the caller, "resumed".
+        eligible: the steps the caller can resume at (None: any; see ``choose``).
+        fetch: ``fetch(step)``, collective, run once the step is chosen and before any state
+            changes (a failure in it leaves everything as it was): the caller's own state of that
+            step, returned as "fetched".
 
     Returns:
         None when this is not a relaunch, there is no node memory, or no step is complete; else
@@ -130,15 +138,16 @@ def resume(opt, comm, log=None) -> dict | None:
     with agreed(comm, "warm resume: listing the nodes' segments", timeout=opt.timeout):
         table = nodes.gather(comm, opt.timeout)
         held = _local_copies(opt, comm, launch, table)
-        everything = _allgather_json(comm, [_entry(c) for c, _ in held.values()], opt.timeout)
+        everything = allgather_json(comm, [_entry(c) for c, _ in held.values()], opt.timeout)
     t1 = time.perf_counter()
     step, old, sources, owners, scalars, missing = choose(everything, opt.numel, len(opt.stepper.slots),
-                                                          opt.stepper.name)
+                                                          opt.stepper.name, eligible)
     for skipped, shard in sorted(missing.items(), reverse=True):
         if step is None or skipped > step:
             (log or (lambda **e: None))(event="warm_resume_incomplete", step=skipped, missing_shard=shard)
     if step is None:
         return None
+    fetched = fetch(step) if fetch is not None else None
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
     plan = reshard_plan(old, new, sources)
     live = rebuild.new_live(opt, new)
@@ -161,7 +170,7 @@ def resume(opt, comm, log=None) -> dict | None:
     rebuild.finish(opt, comm, new, live, step, meta, ok)
     t4 = time.perf_counter()
     _remove_earlier(opt, comm, launch, table)
-    return {"step": step, "from_world_size": old.size, "bytes_read": sum(s.nbytes for _, s in held.values()),
+    return {"step": step, "from_world_size": old.size, "fetched": fetched, "bytes_read": sum(s.nbytes for _, s in held.values()),
             "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]),
             "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3}}
 

@@ -9,6 +9,8 @@ with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on e
                                     SIGKILLed): the whole job ends
     --stop-at S                     ends after applied step S as if killed there: no last checkpoint
                                     beyond the schedule's (S a multiple of N: its checkpoint on disk)
+    --final-checkpoint              with --stop-at: write a checkpoint of step S at the end even if
+                                    the schedule did not (as a run that ends there does)
     --sync-writes                   each step first waits until this rank's part of the write in
                                     flight is on disk, and rank 0 until it has published the last
                                     complete one: a fault point of the writer is then reached at a
@@ -39,6 +41,7 @@ p.add_argument("--every", default="4")
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--stop-at", type=int)
 p.add_argument("--sync-writes", action="store_true")
+p.add_argument("--final-checkpoint", action="store_true")
 p.add_argument("--samples", type=int, default=480)
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--log", help="the loop's event log goes here (rank{rank}.jsonl)")
@@ -128,7 +131,7 @@ for epoch in loop.epochs(args.epochs):
             report(event="state", step=step, hash=state_hash())
     if stopped():
         break
-loop.flush_checkpoints(final=args.stop_at is None)  # completes the write in flight
+loop.flush_checkpoints(final=args.stop_at is None or args.final_checkpoint)  # completes the write in flight
 report(event="done", steps=loop.steps_applied, hash=state_hash(), size=dist.get_world_size(),
        params=torch.cat([q.detach().reshape(-1) for q in model.parameters()]).tolist())
 dist.destroy_process_group()

@@ -1,0 +1,118 @@
+"""Warm restart of a ``resilient`` torch loop with a ``ZeroRedundancyOptimizer``: a relaunched job
+resumes from the committed state its nodes still hold in shared memory.
+
+The optimizer's shards and replicas already live in node-local segments
+(``training/node_memory.py``). What else a step's state is, the loop keeps beside them, one small
+blob per rank and applied step (``NodeMemory.put_blob``, two segments taking turns): the loader's
+position (epoch, sample plan, how much of it was used, step counters), this rank's RNG states,
+the ``extra_state`` objects' state dicts (LR schedulers), the model's buffers (BatchNorm
+statistics: not parameters, so not in the shards) and the param groups' settings. Its cost per
+step is a pickle of those (kilobytes).
+
+On a relaunch ``resume`` lists the blobs on each node, lets the optimizer pick the newest step
+whose every shard is held somewhere and whose blob some rank holds
+(``ZeroRedundancyOptimizer.resume_from_memory``), gives every rank that step's blob (its own
+world rank's when its node has it, for its RNG; the rest from the lowest rank that has one, by
+one broadcast), and applies it. A DDP optimizer (the same on every rank) is not kept in shared
+memory: such a loop resumes from disk.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+
+from .. import settings
+from ..core.outcome import agreed
+from ..training import node_memory
+from ..training.warm_resume import allgather_json
+from .checkpoint import rng_states, set_rng_states
+from .zero import ZeroRedundancyOptimizer
+
+BLOB = "torch-loop"
+
+
+def _module(model):
+    return getattr(model, "module", model)
+
+
+class LoopMemory:
+    """The warm tier of one ``resilient`` loop (None-like when the optimizer keeps no shards in
+    node memory: ``active`` False).
+
+    Args:
+        model, optimizer, extra_state: the loop's.
+    """
+
+    def __init__(self, model, optimizer, extra_state):
+        self.model, self.optimizer, self.extra_state = model, optimizer, list(extra_state or [])
+        self.memory = optimizer.node_memory if isinstance(optimizer, ZeroRedundancyOptimizer) else None
+
+    @property
+    def active(self) -> bool:
+        return self.memory is not None and self.model is not None
+
+    def at_step(self, loader_state: dict) -> None:
+        """After an applied step, on every rank: this rank's blob of the optimizer's committed
+        step (no communication)."""
+        if not self.active:
+            return
+        state = {"loader": loader_state, "rng": rng_states(),
+                 "extra": [obj.state_dict() for obj in self.extra_state],
+                 "buffers": {name: b.detach().cpu() for name, b in _module(self.model).named_buffers()},
+                 "settings": self.optimizer.hand_over_settings()}
+        self.memory.put_blob(BLOB, self.optimizer.committed_step, pickle.dumps(state))
+
+    def resume(self, pg, log) -> dict | None:
+        """On a relaunch (FTCOMM_RESTART > 0): the newest step held whole in the nodes' memory,
+        made current on every rank of ``pg``; returns the loader state to go on from plus "step",
+        "load_s", "bytes_read", "from_world_size", or None (then the disk). Collective.
+
+        Raises:
+            ProcFailedError etc.: a rank failed; nothing changed.
+        """
+        launch = settings.restart_count()
+        if not self.active or launch == 0:
+            return None
+        t0 = time.perf_counter()
+        comm = pg.comm
+        # every blob on this node, read and checked (a few kilobytes per rank and step)
+        blobs = [(b, data) for b in node_memory.scan_blobs(self.memory.directory, launch, BLOB)
+                 for data in [b.read()] if data is not None]
+        with agreed(comm, "warm resume: listing the loop's state", timeout=pg.timeout):
+            everywhere = allgather_json(comm, sorted({b.step for b, _ in blobs}), pg.timeout)
+        eligible = {step for steps in everywhere for step in steps}
+        found = self.optimizer.resume_from_memory(comm, log, eligible=eligible,
+                                                  fetch=lambda step: self._fetch(pg, blobs, step))
+        if found is None:
+            return None
+        own, shared = found["fetched"]
+        self._apply(shared)
+        set_rng_states((own or shared)["rng"])  # this rank's own stream when its node kept it
+        return {**shared["loader"], "step": found["step"], "load_s": time.perf_counter() - t0,
+                "bytes_read": found["bytes_read"], "from_world_size": found["from_world_size"],
+                "phases": found["phases"]}
+
+    def _fetch(self, pg, blobs: list, step: int) -> tuple:
+        """(this rank's own blob of ``step`` or None, the blob of the lowest rank holding one):
+        one broadcast. Uniform: a failure raises on every rank."""
+        comm = pg.comm
+        here = {b.meta["world_rank"]: data for b, data in blobs if b.step == step}
+        own_bytes = here.get(comm.world_rank)
+        any_bytes = own_bytes or next(iter(here.values()), None)
+        with agreed(comm, f"warm resume: the loop's state of step {step}", step=step, timeout=pg.timeout):
+            mins, _ = comm.minmax([comm.rank if any_bytes else comm.size], timeout=pg.timeout)
+            root = mins[0]
+            if root == comm.size:
+                raise FileNotFoundError(f"no rank could read the loop's state of step {step}")
+            shared = comm.broadcast_bytes(any_bytes if comm.rank == root else None, root, timeout=pg.timeout)
+        return (pickle.loads(own_bytes) if own_bytes else None), pickle.loads(shared)
+
+    def _apply(self, state: dict) -> None:
+        self.optimizer.take_settings(state["settings"])
+        for obj, saved in zip(self.extra_state, state["extra"]):
+            obj.load_state_dict(saved)
+        buffers = dict(_module(self.model).named_buffers())
+        for name, value in state["buffers"].items():
+            if name in buffers:
+                buffers[name].data.copy_(value)
+
