@@ -25,7 +25,7 @@ from .sweep import WORLD_SIZES, draw_sweep, format_sweep, run_sweep
 from .timeline import require_matplotlib
 
 _OVERRIDES = ("step_s", "replication_share", "detection_s", "agree_shrink_s", "rebuild_s", "redo_s", "pre_failure_s",
-              "checkpoint_s", "restart_s", "disk_restore_s", "torchft_recover_s", "torchft_rejoin_s",
+              "checkpoint_s", "restart_s", "disk_restore_s", "warm_restart_s", "torchft_recover_s", "torchft_rejoin_s",
               "torchft_overhead_share")
 _BOTH_POLICIES = ("detection_s", "agree_shrink_s", "rebuild_s", "redo_s")
 
@@ -110,7 +110,7 @@ def sweep(args) -> int:
                    fatal_fraction=args.fatal_fraction)
     policy = Policy(k=args.k, regrow_below=args.regrow_below, disk_interval_s=args.disk_interval_s,
                     replica_group_nodes=args.replica_group_nodes)
-    with tqdm(total=5, desc="ftcomm-goodput", unit="part", file=sys.stderr) as bar:
+    with tqdm(total=6, desc="ftcomm-goodput", unit="part", file=sys.stderr) as bar:
         def progress(msg):
             bar.set_postfix_str(msg)
             bar.update(1)

@@ -84,6 +84,10 @@ class Costs:
         restart_s: R, checkpoint-restart's time from a failure until training runs again
             (abort, relaunch, load).
         disk_restore_s: ftcomm's disk fallback inside the running job: reading the checkpoint.
+        warm_restart_s: a job that ended is relaunched and resumes from its nodes' shared memory:
+            from the failure to the first step after it (the relaunch's start-up, listing and
+            re-sharding the segments, the step), nothing redone (None: ``restart_s`` less
+            ``disk_restore_s``, a cold restart without its load).
         torchft_recover_s: idealized torchft: the healthy replica groups' pause to agree on a new
             quorum (None: detection_s + agree_shrink_s).
         torchft_rejoin_s: idealized torchft: a failed group's restart and healing from a peer,
@@ -104,6 +108,7 @@ class Costs:
     restart_s: float
     disk_restore_s: float
     pre_failure_s: float | None = None
+    warm_restart_s: float | None = None
     spares_detection_s: float | None = None
     spares_agree_shrink_s: float | None = None
     spares_rebuild_s: float | None = None
@@ -147,6 +152,11 @@ class Costs:
         """Wall time of ftcomm's disk fallback, less the work redone since the checkpoint: the
         interrupted step, detection, agreement and shrink, reading the checkpoint, the redo."""
         return self.pre_s + self.detection_s + self.agree_shrink_s + self.disk_restore_s + max(0.0, self.redo_s - self.step_s)
+
+    def warm_stall_s(self) -> float:
+        """Wall time of a relaunch that resumes from the nodes' memory: the interrupted step's
+        work and ``warm_restart_s`` (else ``restart_s - disk_restore_s``)."""
+        return self.pre_s + _or(self.warm_restart_s, max(0.0, self.restart_s - self.disk_restore_s))
 
     @property
     def vulnerable_s(self) -> float:
@@ -240,6 +250,9 @@ class Policy:
             rate of events that need the disk (``model.ftcomm_disk_interval``, Young/Daly's to
             first order).
         replica_group_nodes: idealized torchft: nodes per replica group.
+        warm_restart: shards and replicas in node-local shared memory (``FTCOMM_WARM``): a job
+            that ends with every shard still held by a live node is relaunched and resumes from
+            there (``Costs.warm_stall_s``) instead of rolling back to its disk checkpoint.
     """
 
     k: int = 1
@@ -247,6 +260,7 @@ class Policy:
     regrow_below: float | None = None
     disk_interval_s: float | None = None
     replica_group_nodes: int = 1
+    warm_restart: bool = False
 
     def __post_init__(self):
         if self.k < 0 or self.spare_nodes < 0 or self.replica_group_nodes < 1:

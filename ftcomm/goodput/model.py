@@ -145,27 +145,31 @@ def regrow_threshold(cluster: Cluster, costs: Costs) -> float:
 class _Events:
     """Per-event probabilities of ftcomm's outcomes (module docstring of ``ftcomm_ettr``)."""
 
-    def __init__(self, cluster: Cluster, costs: Costs, k: int, fatal_applies: bool = True):
+    def __init__(self, cluster: Cluster, costs: Costs, k: int, fatal_applies: bool = True, warm: bool = False):
         n, p, c = cluster.nodes, cluster.correlated_fraction, cluster.correlated_nodes
         # every node of the job at once: a one-node job, or a correlated group as big as the job
         self.all_lost = 1.0 if n == 1 else p * (c >= n)
         fatal = cluster.fatal_fraction if fatal_applies else 0.0
-        self.fatal = self.all_lost + (1 - self.all_lost) * fatal
+        ends_job = self.all_lost + (1 - self.all_lost) * fatal
+        q = 1.0
         if n == 1:
             self.disk = 0.0
         else:
             p_group = p * (c < n) / (1 - self.all_lost)
-            q = p_group * group_failure_loses_state(cluster, k) + (1 - p_group) * single_failure_loss_probability(
-                cluster, k, costs.vulnerable_s)
-            self.disk = (1 - self.fatal) * min(1.0, q)
-        self.memory = 1 - self.fatal - self.disk
+            q = min(1.0, p_group * group_failure_loses_state(cluster, k) + (1 - p_group)
+                    * single_failure_loss_probability(cluster, k, costs.vulnerable_s))
+            self.disk = (1 - ends_job) * q
+        # an end of the job that left every shard on a live node: a warm relaunch, no rollback
+        self.warm = (ends_job - self.all_lost) * (1 - q) if warm else 0.0
+        self.fatal = ends_job - self.warm
+        self.memory = 1 - ends_job - self.disk
 
 
-def _rollbacks(cluster: Cluster, costs: Costs, k: int) -> tuple[float, float]:
+def _rollbacks(cluster: Cluster, costs: Costs, k: int, warm: bool = False) -> tuple[float, float]:
     """(rate, mean stall) of the events after which ftcomm redoes work since its last disk
     checkpoint: its disk fallbacks (stall ``Costs.disk_stall_s``) and the events that end the job
-    (stall R)."""
-    ev = _Events(cluster, costs, k)
+    (stall R), but for those a warm relaunch survives (``warm``)."""
+    ev = _Events(cluster, costs, k, warm=warm)
     share = ev.disk + ev.fatal
     if share <= 0:
         return 0.0, 0.0
@@ -179,7 +183,7 @@ def ftcomm_disk_interval(cluster: Cluster, costs: Costs, policy: Policy) -> floa
     sqrt(2 C (M + R)) to first order. ``math.inf`` when no event needs it."""
     if policy.disk_interval_s is not None:
         return policy.disk_interval_s
-    rate, _ = _rollbacks(cluster, costs, policy.k)
+    rate, _ = _rollbacks(cluster, costs, policy.k, policy.warm_restart)
     if rate <= 0:
         return math.inf
     return exact_optimal_interval(costs.checkpoint_s, 1 / rate)
@@ -197,12 +201,16 @@ def ftcomm_ettr(cluster: Cluster, costs: Costs, policy: Policy, spares: bool = F
     in-memory recovery (``Costs.memory_stall_s``). With ``spares`` the first
     ``policy.spare_nodes`` lost nodes are replaced, then the job shrinks; below
     ``policy.regrow_below`` of its nodes it writes a checkpoint and restarts at full size (C + R).
+    With ``policy.warm_restart`` an end of the job that left every shard on a live node
+    (probability ``warm``) is a relaunch from the nodes' memory (``Costs.warm_stall_s``, nothing
+    rolled back), and the job goes on shrunk as after an in-memory recovery.
 
     ETTR = mean capacity x (1 - k x replication share) x M x D, where
     * mean capacity: nodes left / nodes over a cycle between restarts (time at a shrunk size
       counts at that share of the full size's throughput);
-    * M = 1 - Lambda (p_memory L + planned (C + R)): the time not spent in in-memory recoveries
-      of L seconds and planned restarts (``planned`` of them per event; first order);
+    * M = 1 - Lambda (p_memory L + p_warm W + planned (C + R)): the time not spent in in-memory
+      recoveries of L seconds, warm relaunches of W seconds and planned restarts (``planned`` of
+      them per event; first order);
     * D = ``checkpoint_restart_ettr``(T_d, C, R_d, 1 / mu): Daly's complete model for the events
       that roll back to the disk checkpoint (rate mu, mean stall R_d, ``_rollbacks``), with
       checkpoints every T_d compute seconds (``ftcomm_disk_interval``); T_d / (T_d + C) when no
@@ -215,7 +223,7 @@ def ftcomm_ettr(cluster: Cluster, costs: Costs, policy: Policy, spares: bool = F
         ``planned_restarts_per_day`` and ``memory_stall_s``.
     """
     n, lam, ell = cluster.nodes, cluster.event_rate, cluster.nodes_per_event
-    ev = _Events(cluster, costs, policy.k)
+    ev = _Events(cluster, costs, policy.k, warm=policy.warm_restart)
     theta = policy.regrow_below if policy.regrow_below is not None else regrow_threshold(cluster, costs)
     spare = policy.spare_nodes if spares else 0
     allowed = spare + math.floor((1 - theta) * n + 1e-9)  # nodes that can go before a planned restart
@@ -231,9 +239,9 @@ def ftcomm_ettr(cluster: Cluster, costs: Costs, policy: Policy, spares: bool = F
     stall_mem = share_spare * costs.memory_stall_s(True) + (1 - share_spare) * costs.memory_stall_s(False)
     planned = s ** n_cycle / length  # planned restarts per event
     c, r = costs.checkpoint_s, costs.restart_s
-    memory = max(0.0, 1 - lam * (ev.memory * stall_mem + planned * (c + r)))
+    memory = max(0.0, 1 - lam * (ev.memory * stall_mem + ev.warm * costs.warm_stall_s() + planned * (c + r)))
     t_d = ftcomm_disk_interval(cluster, costs, policy)
-    mu, stall_rb = _rollbacks(cluster, costs, policy.k)
+    mu, stall_rb = _rollbacks(cluster, costs, policy.k, policy.warm_restart)
     if mu > 0:
         disk = checkpoint_restart_ettr(t_d, c, stall_rb, 1 / mu)
     else:
@@ -241,7 +249,7 @@ def ftcomm_ettr(cluster: Cluster, costs: Costs, policy: Policy, spares: bool = F
     replication = max(0.0, 1 - policy.k * costs.replication_share)
     return {"ettr": mean_capacity * replication * memory * disk, "mean_capacity": mean_capacity,
             "replication_factor": replication, "memory_factor": memory, "disk_factor": disk,
-            "p_memory": ev.memory, "p_disk": ev.disk, "p_fatal": ev.fatal, "disk_interval_s": t_d,
+            "p_memory": ev.memory, "p_disk": ev.disk, "p_fatal": ev.fatal, "p_warm": ev.warm, "disk_interval_s": t_d,
             "regrow_below": theta, "events_per_cycle": n_cycle,
             "planned_restarts_per_day": planned * lam * DAY_S, "memory_stall_s": stall_mem}
 

@@ -66,9 +66,12 @@ def simulate_ftcomm(clusters: list[Cluster], costs: Costs, policy: Policy, spare
     vectorized event loop (the process of ``model.ftcomm_ettr``).
 
     Per event, drawn independently: a correlated group (probability p, c consecutive nodes)
-    or one node; fatal (a one-node job, a group as big as the job, or ``fatal_fraction``); a lost
-    shard (a group of >= k + 1 nodes, or a single failure that completes a chain of k + 1 down
-    nodes, probability ``model.single_failure_loss_probability``). Spares replace lost nodes
+    or one node; the end of the job (a one-node job, a group as big as the job, or
+    ``fatal_fraction``); a lost shard (a group of >= k + 1 nodes, or a single failure that
+    completes a chain of k + 1 down nodes, probability ``model.single_failure_loss_probability``).
+    With ``policy.warm_restart`` a job that ended with no shard lost (not every node gone) is
+    relaunched and resumes from its nodes' memory (``Costs.warm_stall_s``, nothing redone, the
+    job goes on shrunk); any other end is fatal. Spares replace lost nodes
     while they last, then the job shrinks; a planned restart (C + R) brings it back to full size
     below ``regrow_below`` (``spare_nodes``: spares of each cluster, default
     ``policy.spare_nodes``). An event during a stall makes the stall last until the later of the
@@ -98,6 +101,7 @@ def simulate_ftcomm(clusters: list[Cluster], costs: Costs, policy: Policy, spare
     repl = max(0.0, 1 - policy.k * costs.replication_share)
     stall_spare, stall_shrink = costs.memory_stall_s(True), costs.memory_stall_s(False)
     stall_disk, restart, c = costs.disk_stall_s(), costs.restart_s, costs.checkpoint_s
+    stall_warm = costs.warm_stall_s()
 
     t = np.zeros(shape)
     stall = np.zeros(shape)
@@ -123,13 +127,19 @@ def simulate_ftcomm(clusters: list[Cluster], costs: Costs, policy: Policy, spare
         happens = live & (t < horizon_s)
         group = rng.random(shape) < p
         lost = np.where(group, csize, 1.0)
-        fatal = happens & ((n == 1) | (group & (csize >= n)) | (rng.random(shape) < fatal_p))
+        whole = (n == 1) | (group & (csize >= n))  # every node of the job: nothing kept anywhere
+        ends_job = happens & (whole | (rng.random(shape) < fatal_p))
         u = rng.random(shape)
-        disk = happens & ~fatal & ((kk == 0) | np.where(group, csize >= kk + 1, u < q_single))
+        state_lost = (kk == 0) | np.where(group, csize >= kk + 1, u < q_single)
+        # the job ended but the other nodes' memory holds every shard: relaunched, it resumes there
+        warm = ends_job & ~whole & ~state_lost & bool(policy.warm_restart)
+        fatal = ends_job & ~warm
+        disk = happens & ~ends_job & state_lost
         memory = happens & ~fatal
         use = np.minimum(lost, spares_left)
         new_stall = np.where(use > 0, stall_spare, stall_shrink)
         new_stall = np.where(disk, stall_disk, new_stall)
+        new_stall = np.where(warm, stall_warm, new_stall)
         spares_left = np.where(memory, spares_left - use, spares_left)
         shrunk = np.where(memory, shrunk + lost - use, shrunk)
         planned = memory & (shrunk > allowed)

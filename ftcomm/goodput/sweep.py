@@ -95,6 +95,14 @@ def run_sweep(base: Cluster, costs: Costs, policy: Policy, *, world_sizes=WORLD_
     tf_rows = np.array([mc.simulate_torchft(c, costs, policy, horizon_s, trials, rng) for c in clusters])
     out["strategies"]["torchft_idealized"] = {"analytic": [r["ettr"] for r in tf], **_stats(tf_rows),
                                               "groups": [r["groups"] for r in tf]}
+
+    say("Monte Carlo: ftcomm with spares and warm restart")
+    warm = replace(policy, warm_restart=True)
+    wa_analytic = [model.ftcomm_ettr(c, costs, replace(warm, spare_nodes=s), True) for c, s in zip(clusters, spares)]
+    wa_rows = mc.simulate_ftcomm(clusters, costs, warm, True, horizon_s, trials, rng, spare_nodes=spares)["ettr"]
+    out["strategies"]["ftcomm_warm"] = {"analytic": [a["ettr"] for a in wa_analytic], **_stats(wa_rows),
+                                        "p_warm": [a["p_warm"] for a in wa_analytic],
+                                        "p_fatal": [a["p_fatal"] for a in wa_analytic]}
     out["timing_s"]["ettr_monte_carlo"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -132,7 +140,8 @@ def run_sweep(base: Cluster, costs: Costs, policy: Policy, *, world_sizes=WORLD_
 
 
 NAMES = {"ftcomm_shrink": "ftcomm, shrink", "ftcomm_spares": "ftcomm, spares",
-         "checkpoint_restart": "checkpoint-restart (Young/Daly)", "torchft_idealized": "torchft-style (idealized)"}
+         "checkpoint_restart": "checkpoint-restart (Young/Daly)", "torchft_idealized": "torchft-style (idealized)",
+         "ftcomm_warm": "ftcomm, spares + warm restart"}
 
 
 def format_sweep(result: dict) -> str:
@@ -176,7 +185,7 @@ def draw_sweep(result: dict, path) -> None:
     plt = require_matplotlib()
     sizes = np.array(result["world_sizes"])
     fig, (ax, dax) = plt.subplots(1, 2, figsize=(13, 5))
-    for key, color in zip(NAMES, ("tab:blue", "tab:green", "tab:red", "tab:purple")):
+    for key, color in zip(NAMES, ("tab:blue", "tab:green", "tab:red", "tab:purple", "tab:olive")):
         s = result["strategies"][key]
         ax.plot(sizes, s["analytic"], color=color, label=NAMES[key])
         mean = np.array(s["mc_mean"])

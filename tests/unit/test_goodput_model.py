@@ -109,6 +109,22 @@ def test_simulation_matches_the_closed_form(cluster, spares):
     assert tf == pytest.approx(model.torchft(cluster, COSTS, pol)["ettr"], abs=0.003)
 
 
+@pytest.mark.parametrize("cluster", [
+    Cluster(10_000, fatal_fraction=0.25),
+    Cluster(10_000, correlated_fraction=0.1, correlated_nodes=4, fatal_fraction=0.5),
+])
+def test_warm_restart_turns_most_job_ends_into_relaunches_from_memory(cluster):
+    pol = Policy(k=1, spare_nodes=math.ceil(0.01 * cluster.nodes), warm_restart=True)
+    cold = model.ftcomm_ettr(cluster, COSTS, replace(pol, warm_restart=False), True)
+    warm = model.ftcomm_ettr(cluster, COSTS, pol, True)
+    # the job ends as often, but only the ends that lost every copy of a shard roll back to disk
+    assert warm["p_warm"] + warm["p_fatal"] == pytest.approx(cold["p_fatal"])
+    assert 0 < warm["p_fatal"] < 0.2 * cold["p_fatal"] and warm["ettr"] > cold["ettr"]
+    assert warm["disk_interval_s"] > cold["disk_interval_s"]  # fewer events need the disk
+    sim = mc.simulate_ftcomm([cluster], COSTS, pol, True, 30 * 86400, 64, np.random.default_rng(3))
+    assert sim["ettr"].mean() == pytest.approx(warm["ettr"], rel=0.02, abs=0.003)
+
+
 def test_shrinking_costs_capacity_and_spares_give_it_back():
     cl = Cluster(10_000)
     shrink = model.ftcomm_ettr(cl, COSTS, Policy(k=1), False)
