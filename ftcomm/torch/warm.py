@@ -76,7 +76,7 @@ class LoopMemory:
         t0 = time.perf_counter()
         comm = pg.comm
         # every blob on this node, read and checked (a few kilobytes per rank and step)
-        blobs = [(b, data) for b in node_memory.scan_blobs(self.memory.directory, launch, BLOB)
+        blobs = [(b, data) for b in node_memory.scan_blobs(self.memory.directory, launch, BLOB, self.memory.engine)
                  for data in [b.read()] if data is not None]
         with agreed(comm, "warm resume: listing the loop's state", timeout=pg.timeout):
             everywhere = allgather_json(comm, sorted({b.step for b, _ in blobs}), pg.timeout)

@@ -11,7 +11,7 @@ needed: the buffers the sharded optimizer steps in *are* the segments.
 
 One segment per buffer (a live or staging shard, a replica): a file
 
-    <FTCOMM_SHM_DIR>/ftcomm-<uid>-<job>/<node>/L<launch>-W<world rank>-<n>.seg
+    <FTCOMM_SHM_DIR>/ftcomm-<uid>-<job>/<node>/L<launch>-W<world rank>-E<engine>-<n>.seg
 
   - ``job``: the ftcomm-run process that started the job (FTCOMM_LAUNCHER), the same for every
     relaunch of it and different for any other job; the directory is made with mode 0700 and
@@ -20,7 +20,8 @@ One segment per buffer (a live or staging shard, a replica): a file
     ``--fake-nodes``, so that the segments of a "lost" fake node can be removed as a real node's
     would be gone);
   - ``launch``: FTCOMM_RESTART, so that a relaunch tells its own segments from its
-    predecessors'.
+    predecessors';
+  - ``engine``: which of the process's sharded optimizers, in the order the script made them.
 
 Layout of a segment: a 4 KiB page with a magic number and the *commit word* (the step whose
 committed state the segment holds, -1 for none), the replica header (``replica.py``'s JSON:
@@ -31,6 +32,7 @@ committed state from one that was half written; the checksum catches the rest.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import os
@@ -48,7 +50,8 @@ MAGIC = b"FTCSEG01"
 PAGE = 4096
 HEADER_OFFSET = PAGE
 DATA_OFFSET = PAGE + HEADER_BYTES  # page-aligned: HEADER_BYTES is a multiple of the page size
-_NAME = re.compile(r"^L(\d+)-W(\d+)-(\d+)\.seg$")
+_NAME = re.compile(r"^L(\d+)-W(\d+)-E(\d+)-(\d+)\.seg$")
+_ENGINES = itertools.count()  # NodeMemory objects made by this process, in order
 
 
 class _Segment:
@@ -101,6 +104,9 @@ class NodeMemory:
     def __init__(self, directory: str, world_rank: int, launch: int):
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.directory, self.world_rank, self.launch = directory, world_rank, launch
+        # Which of this process's optimizers it serves (0 for the first made): the same on every
+        # rank and launch of a script, so a relaunch takes each optimizer's copies for it alone.
+        self.engine = next(_ENGINES)
         self._segments: dict[int, _Segment] = {}  # address of the data -> its segment
         self._count = 0
         self._blobs: dict[str, list] = {}  # name -> its two segments (put_blob)
@@ -122,7 +128,7 @@ class NodeMemory:
 
     def _new(self, elements: int) -> _Segment:
         self._count += 1
-        path = os.path.join(self.directory, f"L{self.launch}-W{self.world_rank}-{self._count}.seg")
+        path = os.path.join(self.directory, f"L{self.launch}-W{self.world_rank}-E{self.engine}-{self._count}.seg")
         segment = _Segment(path, elements, create=True)
         self._segments[segment.data.ctypes.data] = segment
         return segment
@@ -177,7 +183,7 @@ class NodeMemory:
         segment.unmark()
         raw = np.frombuffer(data, np.uint8)
         segment.data.view(np.uint8)[: len(raw)] = raw
-        meta = {"blob": name, "step": step, "world_rank": self.world_rank, "nbytes": len(raw),
+        meta = {"blob": name, "engine": self.engine, "step": step, "world_rank": self.world_rank, "nbytes": len(raw),
                 "xxh3": checksum(raw)}
         header = np.zeros(HEADER_BYTES, np.uint8)
         encoded = json.dumps(meta).encode()
@@ -276,10 +282,11 @@ def scan(directory: str | None, before_launch: int) -> list[Copy]:
     return [found for found in _scan(directory, before_launch) if isinstance(found, Copy)]
 
 
-def scan_blobs(directory: str | None, before_launch: int, name: str) -> list[Blob]:
-    """The committed blobs ``name`` in a node's segment directory, as ``scan`` finds copies."""
+def scan_blobs(directory: str | None, before_launch: int, name: str, engine: int) -> list[Blob]:
+    """The committed blobs ``name`` of optimizer ``engine`` in a node's segment directory, as
+    ``scan`` finds copies."""
     return [found for found in _scan(directory, before_launch) if isinstance(found, Blob)
-            and found.meta["blob"] == name]
+            and found.meta["blob"] == name and found.meta.get("engine") == engine]
 
 
 def _scan(directory: str | None, before_launch: int) -> list:

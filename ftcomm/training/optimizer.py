@@ -383,6 +383,7 @@ class ShardedOptimizer:
         return {"shard": comm.rank, "step": step, "world_rank": comm.world_rank,
                 "numel": layout.numel, "shard_len": layout.shard_len, "size": layout.size,
                 "slots": len(self.stepper.slots), "optimizer": self.stepper.name,
+                "engine": self.memory.engine if self.memory is not None else 0,
                 "scalars": self.scalars if scalars is None else scalars, "extra": meta}
 
     def _mark_live(self, step: int, header) -> None:

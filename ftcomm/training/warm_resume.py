@@ -54,7 +54,7 @@ def _local_copies(opt, comm, launch: int, table: dict) -> dict:
     ``table``: {world rank: node name}."""
     here = table[comm.world_rank]
     local = [r for r, w in enumerate(comm.world_ranks) if table[w] == here]
-    copies = node_memory.scan(opt.memory.directory, launch)
+    copies = [c for c in node_memory.scan(opt.memory.directory, launch) if _mine(c, opt)]
     held = {}
     for copy in copies[local.index(comm.rank)::len(local)]:
         if (copy.step, copy.shard) in held:
@@ -69,6 +69,11 @@ def _entry(copy) -> list:
     meta = copy.meta
     return [copy.step, copy.shard, meta["size"], meta["numel"], meta["slots"], meta["optimizer"],
             meta.get("world_rank", -1), meta.get("scalars")]
+
+
+def _mine(copy, opt) -> bool:
+    """Whether a copy belongs to this optimizer (of the process's several, the same one)."""
+    return copy.meta.get("engine", 0) == opt.memory.engine
 
 
 def choose(everything: list, numel: int, slots: int, optimizer: str, eligible=None) -> tuple:

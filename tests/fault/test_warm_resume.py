@@ -41,7 +41,7 @@ def _done(res) -> dict:
 def test_a_node_crash_resumes_from_the_survivors_memory_bitwise_as_a_shrink(tmp_path):
     other_job = tmp_path / "shm" / "ftcomm-0-another-job" / "n1"
     other_job.mkdir(parents=True)
-    (other_job / "L0-W0-1.seg").write_bytes(b"FTCSEG01" + bytes(100))  # never read, never removed
+    (other_job / "L0-W0-E0-1.seg").write_bytes(b"FTCSEG01" + bytes(100))  # never read, never removed
     res = _crashed_run(tmp_path, "n1 slots=2\nn2 slots=2\n")
     assert res.returncode == 0 and "relaunch 1 of 2" in res.stderr, res.describe()
     assert sorted(res.by_rank(event="crash")) == [2, 3]
@@ -63,7 +63,7 @@ def test_a_node_crash_resumes_from_the_survivors_memory_bitwise_as_a_shrink(tmp_
     assert (warm["state"], warm["params"]) == (in_memory["state"], in_memory["params"])
     # the job's segments went with ftcomm-run; the other job's stayed
     assert [p.name for p in (tmp_path / "shm").iterdir()] == ["ftcomm-0-another-job"]
-    assert (other_job / "L0-W0-1.seg").exists()
+    assert (other_job / "L0-W0-E0-1.seg").exists()
 
 
 def test_a_relaunch_onto_a_spare_host_ends_where_the_failure_free_run_ends(tmp_path):

@@ -62,6 +62,15 @@ def test_a_replica_lives_in_one_segment_and_its_commit_marks_it(memory):
     assert isinstance(replica, Replica)
 
 
+def test_two_optimizers_of_one_process_have_segments_of_their_own(memory):
+    second = node_memory.NodeMemory(memory.directory, world_rank=0, launch=0)  # the process's next optimizer
+    _committed(memory, 5, 0, 1.0)
+    _committed(second, 5, 0, 2.0)
+    assert second.engine == memory.engine + 1
+    names = sorted(os.listdir(memory.directory))
+    assert len(names) == 2 and {n.split("-")[2] for n in names} == {f"E{memory.engine}", f"E{second.engine}"}
+
+
 def test_other_jobs_segments_are_never_listed_nor_removed(memory, tmp_path):
     _committed(memory, 5, 0, 1.0)
     other = node_memory.NodeMemory(segment_paths.node_dir("n1", key="job-b"), world_rank=0, launch=0)
@@ -101,3 +110,15 @@ def test_copies_of_another_model_do_not_count_and_nothing_whole_is_none():
     step, _, _, _, _, missing = warm_resume.choose(everything, 100, 3, "AdamW")
     assert step is None and missing == {7: 1}
     assert warm_resume.choose([[], []], 100, 3, "AdamW")[0] is None
+
+
+def test_blobs_take_turns_so_the_previous_step_stays_whole(memory):
+    memory.put_blob("loop", 3, b"three")
+    memory.put_blob("loop", 4, b"four" * 2000)  # larger than the first segment's room: a new one
+    found = {b.step: b for b in node_memory.scan_blobs(memory.directory, 1, "loop", memory.engine)}
+    assert sorted(found) == [3, 4] and found[3].read() == b"three" and found[4].read() == b"four" * 2000
+    memory.put_blob("loop", 5, b"five")  # overwrites step 3's turn
+    found = {b.step: b for b in node_memory.scan_blobs(memory.directory, 1, "loop", memory.engine)}
+    assert sorted(found) == [4, 5] and found[5].read() == b"five"
+    assert node_memory.scan_blobs(memory.directory, 1, "loop", memory.engine + 1) == []  # another optimizer's
+    assert node_memory.scan(memory.directory, 1) == []  # blobs are not shard copies
