@@ -82,7 +82,7 @@ def main():
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
 
-    run_id = os.path.basename(ftcomm.settings.run_dir() or "run")  # ftcomm-run's job directory: one per job
+    run_id = ftcomm.settings.job_id() or "run"  # one per ftcomm-run, the same in its relaunches
     loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer,  # ftcomm
                                     log_path=os.path.join(args.log_dir, f"{run_id}.rank{{rank}}.jsonl"),
                                     checkpoint_dir=args.checkpoint_dir,  # with a disk tier: ftcomm-run --restarts

@@ -19,10 +19,12 @@ is rebuilt from its buddy's replica: without spares the survivors re-shard over 
 the spare takes rank 2's place and receives that quarter only. No disk either way.
 
 Prints one line per epoch and, on rank 0, `test accuracy: A` at the end; --result-json writes
-the final numbers (rank 0).
+the final numbers (rank 0); the event logs go to --log-dir (default results/zero_train), one run
+per ftcomm-run, relaunches included: `ftcomm-report results/zero_train` draws it.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -68,6 +70,8 @@ def main():
     parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
                         help='steps between checkpoints (default 10), or "auto" (Young/Daly for FTCOMM_MTBF)')
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
+    parser.add_argument("--log-dir", default="results/zero_train",
+                        help="JSON-lines event logs go here (RUNID.rankN.jsonl; ftcomm-report LOG_DIR draws them)")
     args = parser.parse_args()
 
     dist.init_process_group("ftcomm")  # ftcomm (was "gloo")
@@ -93,7 +97,9 @@ def main():
 
     # ftcomm: the scheduler goes in extra_state, so that a promoted spare steps it in time
     # ftcomm: with --checkpoint-dir, a disk tier too (the job survives its own end: ftcomm-run --restarts)
+    run_id = ftcomm.settings.job_id() or "run"  # one per ftcomm-run, the same in its relaunches
     loader = ftcomm.torch.resilient(loader, model=ddp_model, optimizer=optimizer, extra_state=[scheduler],
+                                    log_path=os.path.join(args.log_dir, f"{run_id}.rank{{rank}}.jsonl"),
                                     checkpoint_dir=args.checkpoint_dir, checkpoint_every=every(args.checkpoint_every))
     start = time.perf_counter()
     for epoch in loader.epochs(args.epochs):  # ftcomm (was: for epoch in range(...): sampler.set_epoch(epoch))
@@ -104,7 +110,7 @@ def main():
             if args.kill and args.kill[1] == step:  # demo only
                 arm_kill(args.kill[0], optimizer)
             if args.crash_node and args.crash_node.endswith(f"@{step}"):  # demo only
-                crash_node(args.crash_node.split("@")[0])
+                crash_node(args.crash_node.split("@")[0], loader, step)
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(xb), yb)
             loss.backward()
@@ -135,7 +141,7 @@ def main():
     dist.destroy_process_group()
 
 
-def crash_node(node):
+def crash_node(node, loader, step):
     """Demo only: on the first launch (FTCOMM_RESTART=0), the ranks of ``node`` crash it; the
     others wait for Open MPI to end the job, as it does within moments of a daemon's loss."""
     if ftcomm.settings.restart_count():
@@ -145,6 +151,7 @@ def crash_node(node):
     if here == node:
         print(f"world rank {world_rank}: node {node} crashes", flush=True)
         time.sleep(1.0)  # let the line reach the launcher before the daemon goes
+        loader.record(event="kill", step=step + 1)  # for ftcomm-report: when this rank died
         ftcomm.fault.crash_node()
     print(f"world rank {world_rank} (node {here}): waits for the job to end with node {node}", flush=True)
     time.sleep(600)

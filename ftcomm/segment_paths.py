@@ -17,15 +17,14 @@ from . import settings
 
 
 def job_key() -> str | None:
-    """The job's name in segment paths: ftcomm-run's host, pid and start time (FTCOMM_LAUNCHER),
-    or None outside ftcomm-run (no job to relaunch: no segments)."""
-    launcher = settings.launcher()
-    return None if launcher is None else job_key_of(*launcher)
+    """The job's name in segment paths (``settings.job_id``: ftcomm-run's host, pid and start
+    time), or None outside ftcomm-run (no job to relaunch: no segments)."""
+    return settings.job_id()
 
 
 def job_key_of(host: str, pid: int, start: int) -> str:
     """The job key of the ftcomm-run process ``pid`` on ``host`` started at ``start`` (clock
-    ticks after boot): a pid is reused, a pid and its start time are not."""
+    ticks after boot): what ``settings.job_id`` gives its ranks."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host}-{pid}-{start}")
 
 

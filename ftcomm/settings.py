@@ -13,6 +13,7 @@ the README's table too.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Callable
@@ -295,6 +296,17 @@ def launcher() -> tuple[str, int, int] | None:
     process that started this rank, or None outside ftcomm-run. A rank on that host ends itself
     when that process is gone (``ftcomm.core.runtime``)."""
     return LAUNCHER.get()
+
+
+def job_id() -> str | None:
+    """A name for the job that ftcomm-run started, the same in each of its relaunches
+    (FTCOMM_LAUNCHER's host, pid and start time: a pid is reused, a pid and its start time are
+    not), or None outside ftcomm-run. Node-local segments and the examples' event logs use it."""
+    found = launcher()
+    if found is None:
+        return None
+    host, pid, start = found
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host}-{pid}-{start}")
 
 
 def process_start_time(pid: int) -> int | None:

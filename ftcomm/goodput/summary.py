@@ -17,6 +17,13 @@ the run's first step to its end, rank 0 unless rank 0 was lost):
 * time lost to a failure: from the last commit before it to the commit of the step it interrupted
   (after a disk fallback: once the steps since the checkpoint are redone), less one step at the
   world size after it: the wall time the failure added to the run.
+* a relaunch (``ftcomm-run --restarts``: the whole job died and came back, in the same log files
+  when the script names its logs by ``ftcomm.settings.job_id()``): a later ``start`` of the
+  reference rank, followed by ``resumed``. Its death is the last ``kill`` event before it, else
+  the old launch's last event on any rank (an upper bound); phases: relaunch (death to the new
+  launch's start: the old job's end, the backoff, mpirun, imports, set-up), load (``load_s``,
+  from the nodes' memory or from disk), redo (to the first commit after it). Time lost: as for
+  a failure, from the last commit before the death to the commit of the step after it.
 * goodput: the time the run's distinct committed steps take at the first world size without
   failures and without replication (mean step time less mean replication time, times the
   steps), divided by the wall time from the reference rank's ``start`` to its last commit.
@@ -111,6 +118,54 @@ class Failure:
 
 
 @dataclass
+class Relaunch:
+    """A relaunch of the whole job, seen from the reference rank (see the module docstring).
+    Times are Unix seconds; ``*_s`` are seconds; ``step`` is the step resumed from (None: the
+    relaunch found nothing to resume from and started over)."""
+
+    index: int
+    death_time: float
+    death_time_from: str
+    last_commit_time: float
+    last_step: int
+    start_time: float
+    resumed_time: float | None
+    step: int | None
+    source: str | None
+    load_s: float
+    old_size: int
+    new_size: int
+    first_commit_time: float | None
+    regained_time: float | None
+    step_s_after: float
+
+    @property
+    def relaunch_s(self) -> float:
+        """Death to the relaunched job's first logged event."""
+        return self.start_time - self.death_time
+
+    @property
+    def mttr_s(self) -> float | None:
+        return None if self.first_commit_time is None else self.first_commit_time - self.death_time
+
+    @property
+    def redone_steps(self) -> int:
+        return self.last_step - (self.step or 0)
+
+    @property
+    def lost_s(self) -> float | None:
+        if self.regained_time is None:
+            return None
+        return self.regained_time - self.last_commit_time - self.step_s_after
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(relaunch_s=self.relaunch_s, mttr_s=self.mttr_s, redone_steps=self.redone_steps,
+                   lost_s=self.lost_s)
+        return out
+
+
+@dataclass
 class RunSummary:
     """A run's numbers (see the module docstring for each definition).
 
@@ -132,6 +187,7 @@ class RunSummary:
         ideal_s: the steps at the first world size without failures and replication.
         goodput: ideal_s / wall_s.
         ended: whether the reference rank logged the end of the run.
+        relaunches: one Relaunch each (the whole job died and ftcomm-run brought it back).
     """
 
     run_id: str
@@ -156,6 +212,7 @@ class RunSummary:
     ideal_s: float
     goodput: float
     ended: bool
+    relaunches: list = field(default_factory=list)
 
     @property
     def other_s(self) -> float:
@@ -166,6 +223,7 @@ class RunSummary:
     def as_dict(self) -> dict:
         out = asdict(self)
         out["failures"] = [f.as_dict() for f in self.failures]
+        out["relaunches"] = [r.as_dict() for r in self.relaunches]
         out["other_s"] = self.other_s
         out["step_s"] = {str(k): v for k, v in self.step_s.items()}
         out["replicate_s"] = {str(k): v for k, v in self.replicate_s.items()}
@@ -210,6 +268,24 @@ def _steady_intervals(commits: list[dict], excluded: list[float]) -> dict[int, l
     return out
 
 
+def _relaunches(run: RunLog, ref: int, commits: list[dict]) -> list[tuple]:
+    """(death time, its source, the old launch's last commit, the new launch's start event, its
+    resumed event or None) of each later ``start`` of the reference rank."""
+    starts = run.of("start", ref)
+    out = []
+    for new in starts[1:]:
+        before = [e for e in run.events if e["time"] < new["time"]]
+        old_commits = [c for c in commits if c["time"] < new["time"]]
+        kills = [e for e in before if e["event"] == "kill"]
+        if kills:
+            death, source = kills[-1]["time"], "kill event"
+        else:
+            death, source = before[-1]["time"], "the old launch's last event"
+        resumed = next((e for e in run.of("resumed", ref) if e["time"] >= new["time"]), None)
+        out.append((death, source, old_commits[-1] if old_commits else None, new, resumed))
+    return out
+
+
 def summarize(run: RunLog) -> RunSummary:
     """The run's summary (module docstring).
 
@@ -236,7 +312,9 @@ def summarize(run: RunLog) -> RunSummary:
             source = "failed phase start"
         raw.append((fail_time, source, step, lost, events))
     raw.sort(key=lambda r: r[0])
-    intervals = _steady_intervals(commits, [r[0] for r in raw] + [e["time"] for e in run.of("checkpoint", ref)])
+    relaunched = _relaunches(run, ref, commits)
+    intervals = _steady_intervals(commits, [r[0] for r in raw] + [r[3]["time"] for r in relaunched]
+                                  + [e["time"] for e in run.of("checkpoint", ref)])
     step_s = {n: statistics.fmean(v for v, _ in xs) for n, xs in sorted(intervals.items())}
     replicate_s = {n: statistics.fmean(r for _, r in xs) for n, xs in sorted(intervals.items())}
     initial = start["world_size"]
@@ -273,6 +351,20 @@ def summarize(run: RunLog) -> RunSummary:
             redone_steps=1 if disk is None else pre_step - disk + 1, bytes_moved=mine.get("bytes_moved", 0),
             step_s_after=step_s.get(new_size, step_s[initial]), survivors=survivors))
 
+    relaunches = []
+    for index, (death, source, last, new, resumed) in enumerate(relaunched):
+        last = last or start
+        after = [c for c in commits if c["time"] > new["time"]]
+        new_size = after[0]["world_size"] if after else new.get("world_size", initial)
+        relaunches.append(Relaunch(
+            index=index, death_time=death, death_time_from=source, last_commit_time=last["time"],
+            last_step=last.get("step", 0), start_time=new["time"], resumed_time=resumed and resumed["time"],
+            step=resumed and resumed["step"], source=resumed and resumed.get("from"),
+            load_s=(resumed or {}).get("load_s", 0.0), old_size=last.get("world_size", initial), new_size=new_size,
+            first_commit_time=after[0]["time"] if after else None,
+            regained_time=next((c["time"] for c in after if c["step"] == last.get("step", 0) + 1), None),
+            step_s_after=step_s.get(new_size, step_s[initial])))
+
     steps = max(c["step"] for c in commits) - start["step"]
     t_ideal = step_s[initial] - replicate_s[initial]
     end_time = commits[-1]["time"]
@@ -280,7 +372,7 @@ def summarize(run: RunLog) -> RunSummary:
     # what the training waited for: the staging stall of an asynchronous checkpoint (the write runs
     # beside training), the whole save of a synchronous one
     ckpt = sum(e.get("stall_s", e.get("seconds", 0.0)) for e in run.of("checkpoint", ref))
-    lost = sum(f.lost_s for f in failures if f.lost_s is not None)
+    lost = sum(f.lost_s for f in failures + relaunches if f.lost_s is not None)
     final = run.of("end", ref)
     return RunSummary(
         run_id=run.run_id, ranks=run.ranks, reference_rank=ref, initial_size=initial,
@@ -289,7 +381,8 @@ def summarize(run: RunLog) -> RunSummary:
         end_time=end_time, wall_s=wall, steps=steps, commits=len(commits), step_s=step_s,
         replicate_s=replicate_s, failures=failures, redone_steps=sum(f.redone_steps for f in failures),
         lost_s=lost, replication_s=sum(c.get("replicate_s", 0.0) for c in commits), checkpoint_s=ckpt,
-        ideal_s=steps * t_ideal, goodput=steps * t_ideal / wall if wall > 0 else float("nan"), ended=bool(final))
+        ideal_s=steps * t_ideal, goodput=steps * t_ideal / wall if wall > 0 else float("nan"), ended=bool(final),
+        relaunches=relaunches)
 
 
 def _mean(values) -> float | None:
@@ -341,9 +434,20 @@ def format_summary(summary: RunSummary) -> str:
                      f"{ms(f.mttr_s):>8} {ms(f.detection_s):>10} {ms(f.agree_s):>9} {ms(f.recover_s):>10} "
                      f"{ms(f.rebuild_s):>11} {ms(f.redo_s):>8} {ms(f.lost_s):>8}  {f.fail_time_from}"
                      + (f", disk restore of step {f.disk_restore}" if f.disk_restore is not None else ""))
+    if summary.relaunches:
+        lines.append(f"  relaunches: {len(summary.relaunches)} (the whole job died; ftcomm-run brought it back)")
+        lines.append("   #  died after step  size   resumed from        MTTR s  relaunch s  load s  redo s  "
+                     "steps redone  lost s  death time from")
+    for r in summary.relaunches:
+        resumed = "nothing" if r.step is None else f"step {r.step} ({r.source})"
+        redo = None if r.first_commit_time is None or r.resumed_time is None else r.first_commit_time - r.resumed_time
+        sec = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"  {r.index:2d} {r.last_step:>16}  {r.old_size:>2}->{r.new_size:<2} {resumed:<18} "
+                     f"{sec(r.mttr_s):>7} {sec(r.relaunch_s):>11} {sec(r.load_s):>7} {sec(redo):>7} "
+                     f"{r.redone_steps:>13} {sec(r.lost_s):>7}  {r.death_time_from}")
     lines += [
         f"  wall {summary.wall_s:.3f} s = ideal steps {summary.ideal_s:.3f} + replication {summary.replication_s:.3f}"
-        f" + failures {summary.lost_s:.3f} + checkpoints {summary.checkpoint_s:.3f} + other {summary.other_s:.3f}",
+        f" + failures{' and relaunches' if summary.relaunches else ''} {summary.lost_s:.3f} + checkpoints {summary.checkpoint_s:.3f} + other {summary.other_s:.3f}",
         f"  goodput {summary.goodput:.4f} (ideal step time x steps / wall)",
     ]
     return "\n".join(lines)

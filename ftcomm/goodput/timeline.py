@@ -11,7 +11,8 @@ from .logs import RunLog
 from .summary import RunSummary
 
 COLORS = {"detection": "tab:red", "agreement": "tab:orange", "shrink / spare round": "gold",
-          "rebuild": "tab:green", "disk restore": "tab:purple", "redo": "tab:blue"}
+          "rebuild": "tab:green", "disk restore": "tab:purple", "redo": "tab:blue",
+          "relaunch": "0.35", "resume from memory": "tab:cyan", "resume from disk": "tab:purple"}
 MAX_ZOOMS = 4
 
 
@@ -62,6 +63,19 @@ def _draw_ranks(ax, run: RunLog, summary: RunSummary, t0: float, rows: dict, zoo
         for phases in f.survivors:
             for label, a, b in _segments(f, phases):
                 ax.barh(rows[phases.rank], b - a, left=a - t0, height=0.5, color=COLORS[label], label=label, zorder=3)
+    for r in summary.relaunches:  # the ranks that logged their end (a node crash), then the job down
+        for e in run.of("kill"):
+            if r.last_commit_time - 1.0 <= e["time"] <= r.start_time and e["rank"] in rows:
+                ax.plot(e["time"] - t0, rows[e["rank"]], "x", color="tab:red", ms=9, mew=2, zorder=5)
+        spans = [("relaunch", r.death_time, r.start_time)]
+        if r.resumed_time is not None:
+            spans.append((f"resume from {r.source or 'disk'}", r.resumed_time - r.load_s, r.resumed_time))
+            if r.first_commit_time is not None:
+                spans.append(("redo", r.resumed_time, r.first_commit_time))
+        # the whole job was down: a band across every rank
+        for label, a, b in spans:
+            if b > a:
+                ax.axvspan(a - t0, b - t0, color=COLORS[label], alpha=0.35, label=label, zorder=0)
     ax.set_yticks(list(rows.values()), [f"rank {r}" for r in rows])
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.invert_yaxis()
@@ -85,14 +99,17 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
                             height_ratios=[0.32 * len(rows) + 0.6, 2.0] + ([2.0] if zooms else []))
     ax = fig.add_subplot(grid[0, :])
     _draw_ranks(ax, run, summary, t0, rows)
-    ax.set_title(f"run {summary.run_id.rstrip('.') or '(no prefix)'}: {summary.steps} steps, {len(summary.failures)} failure(s), "
+    relaunched = f", {len(summary.relaunches)} relaunch(es)" if summary.relaunches else ""
+    ax.set_title(f"run {summary.run_id.rstrip('.') or '(no prefix)'}: {summary.steps} steps, {len(summary.failures)} failure(s){relaunched}, "
                  f"world size {summary.initial_size} -> {summary.final_size}, goodput {summary.goodput:.3f}")
     handles, names = ax.get_legend_handles_labels()
     unique = dict(zip(names, handles))
     from matplotlib.lines import Line2D
 
-    unique["rank died"] = Line2D([], [], marker="x", color="tab:red", ls="", mew=2)
-    unique["spare joined"] = Line2D([], [], marker="o", color="tab:green", ls="")
+    if summary.failures or run.of("kill"):
+        unique["rank died"] = Line2D([], [], marker="x", color="tab:red", ls="", mew=2)
+    if run.of("joined"):
+        unique["spare joined"] = Line2D([], [], marker="o", color="tab:green", ls="")
     unique["committed step"] = Line2D([], [], marker="|", color="0.45", ls="", ms=8)
 
     size_ax = fig.add_subplot(grid[1, :], sharex=ax)
@@ -107,6 +124,8 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
     step_ax.set_ylabel("committed step", color="tab:blue")
     for f in summary.failures:
         size_ax.axvline(f.fail_time - t0, color="tab:red", ls=":", lw=1)
+    for r in summary.relaunches:
+        size_ax.axvspan(r.death_time - t0, r.start_time - t0, color=COLORS["relaunch"], alpha=0.25)
     size_ax.set_xlabel(f"seconds since the start of world rank {summary.reference_rank}")
     size_ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right", ncol=3)
 

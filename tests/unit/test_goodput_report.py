@@ -9,7 +9,7 @@ import pytest
 from ftcomm.goodput import report_cli
 from ftcomm.goodput.inputs import Costs
 from ftcomm.goodput.logs import find_runs, load_run, read_jsonl
-from ftcomm.goodput.summary import costs, summarize
+from ftcomm.goodput.summary import costs, format_summary, summarize
 
 T0 = 1000.0
 approx = lambda v: pytest.approx(v, abs=1e-9)  # noqa: E731
@@ -72,6 +72,47 @@ def test_summary_of_a_known_run(tmp_path):
     assert s.wall_s == approx(1.26) and s.ideal_s == approx(0.9) and s.replication_s == approx(0.1)
     assert s.lost_s == approx(0.16) and s.other_s == approx(0.10)
     assert s.goodput == approx(0.9 / 1.26)
+
+
+def relaunch_run(source="memory", resumed_step=5):
+    """4 ranks on 2 nodes, steps of 0.1 s; after step 5 (+0.5 s) ranks 2 and 3 log their kill at
+    +0.55 s and the whole job dies; the relaunch (ranks 0 and 1) starts at +3.0 s, resumes from
+    step ``resumed_step`` (load 0.05 s, logged at +3.10 s) and commits steps of 0.2 s from +3.2 s."""
+    ev = [{"event": "start", "rank": r, "time": T0, "step": 0, "world_size": 4, "policy": "shrink"} for r in range(4)]
+    for s in range(1, 6):
+        ev += [{"event": "commit", "rank": r, "time": T0 + 0.1 * s, "step": s, "world_size": 4} for r in range(4)]
+    ev += [{"event": "kill", "rank": r, "time": T0 + 0.55, "step": 6} for r in (2, 3)]
+    for r in (0, 1):
+        ev.append({"event": "start", "rank": r, "time": T0 + 3.0, "step": resumed_step, "world_size": 2})
+        ev.append({"event": "resumed", "rank": r, "time": T0 + 3.1, "step": resumed_step, "from": source,
+                   "load_s": 0.05, "world_size": 2})
+        for s in range(resumed_step + 1, 11):
+            ev.append({"event": "commit", "rank": r, "time": T0 + 3.2 + 0.2 * (s - resumed_step - 1), "step": s,
+                       "world_size": 2})
+        ev.append({"event": "end", "rank": r, "time": T0 + 4.5, "steps": 10, "world_size": 2})
+    return ev
+
+
+def test_a_relaunch_is_on_the_summary_with_its_phases(tmp_path):
+    _write(tmp_path, "job.", relaunch_run())
+    s = summarize(load_run(tmp_path))
+    assert s.failures == [] and s.reference_rank == 0 and s.steps == 10
+    (r,) = s.relaunches
+    assert (r.last_step, r.step, r.source, r.old_size, r.new_size) == (5, 5, "memory", 4, 2)
+    assert r.death_time_from == "kill event" and r.death_time == approx(T0 + 0.55)
+    assert r.relaunch_s == approx(2.45) and r.load_s == approx(0.05) and r.redone_steps == 0
+    assert r.mttr_s == approx(2.65)                 # +0.55 -> the first commit at +3.2
+    assert r.lost_s == approx(3.2 - 0.5 - 0.2)      # last commit +0.5 -> step 6 at +3.2, less a step at size 2
+    assert s.step_s == {2: approx(0.2), 4: approx(0.1)}  # the interval over the relaunch is left out
+    assert s.lost_s == approx(r.lost_s)
+    assert "step 5 (memory)" in format_summary(s) and "relaunches: 1" in format_summary(s)
+
+
+def test_a_relaunch_from_disk_redoes_the_steps_since_the_checkpoint(tmp_path):
+    _write(tmp_path, "job.", relaunch_run("disk", resumed_step=4))
+    (r,) = summarize(load_run(tmp_path)).relaunches
+    assert (r.step, r.source, r.redone_steps) == (4, "disk", 1)
+    assert r.regained_time == approx(T0 + 3.4)      # step 6 again, after step 5 is redone
 
 
 def test_kill_logged_before_the_reference_rank_logs_the_last_commit(tmp_path):
