@@ -41,6 +41,11 @@ line: the old job's end, the backoff, mpirun), imports, ``init_process_group``, 
 script builds its data, model, DDP and optimizer), load (the checkpoint: checked, read, the shards
 replicated) and redo (the first step after it).
 
+The relaunch runs twice, in the same run: cold (``FTCOMM_WARM=0``: from the checkpoint of step
+20, the steps since redone) and warm (the default: from the nodes' shared memory at step 25, the
+last committed; ``training/warm_resume.py``); reported with the warm one's speed-up over the cold
+one and its excess over the job's own start-up.
+
 Writes ``OUT/checkpoint.json`` and prints the README's tables.
 """
 from __future__ import annotations
@@ -265,7 +270,7 @@ def worker(args) -> None:
 
 
 # ------------------------------------------------------------------ driver
-def launch(args, lane: str, params: int, log_dir: Path, launcher=()) -> tuple[dict, float]:
+def launch(args, lane: str, params: int, log_dir: Path, launcher=(), env=None) -> tuple[dict, float]:
     ckpt = log_dir / "ckpt"
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
@@ -274,7 +279,7 @@ def launch(args, lane: str, params: int, log_dir: Path, launcher=()) -> tuple[di
            "--cycles", str(args.cycles), "--steps", "40", "--kill-step", "25", "--ckpt-dir", str(ckpt),
            "--log-dir", str(log_dir)]
     started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         print(f"{lane} job failed ({proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -378,11 +383,17 @@ def run_size(args, name: str) -> dict:
     if args.relaunch:
         hosts = Path(args.out) / name / "hosts"
         hosts.write_text("n1 slots=2\nn2 slots=2\n")
-        result, launched = launch(args, "relaunch", params, Path(args.out) / name / "relaunch",
-                                  launcher=("--hostfile", str(hosts), "--fake-nodes", "--ranks-per-node", "2",
-                                            "--restarts", "1"))
-        out["relaunch"] = relaunch_figures(result["events"], launched) | {"rc": result["rc"]}
-        print(f"{name} relaunch: {json.dumps(out['relaunch'])}", flush=True)
+        # warm: from the nodes' shared memory (the default); cold: FTCOMM_WARM=0, from disk
+        for tier, warm in (("relaunch", "0"), ("relaunch_warm", "1")):
+            result, launched = launch(args, "relaunch", params, Path(args.out) / name / tier,
+                                      launcher=("--hostfile", str(hosts), "--fake-nodes", "--ranks-per-node", "2",
+                                                "--restarts", "1"), env={"FTCOMM_WARM": warm})
+            out[tier] = relaunch_figures(result["events"], launched) | {"rc": result["rc"]}
+            print(f"{name} {tier}: {json.dumps(out[tier])}", flush=True)
+        cold, warm = out["relaunch"], out["relaunch_warm"]
+        if cold.get("relaunched") and warm.get("relaunched"):
+            out["warm_speedup"] = cold["death_to_first_commit_s"] / warm["death_to_first_commit_s"]
+            out["warm_over_startup_s"] = warm["death_to_first_commit_s"] - warm["startup"]["total_s"]
     return out
 
 
@@ -412,15 +423,21 @@ def print_tables(results: dict) -> None:
             print(f"| {name} | {r['part_bytes'] / 2**20:.1f} MiB | {r['ftcomm_bytes_per_s'] / 2**20:.0f} MiB/s | "
                   f"{r['plain_bytes_per_s'] / 2**20:.0f} MiB/s | {r['ftcomm_bytes_per_s'] / r['plain_bytes_per_s']:.2f} | "
                   f"{beside / 2**20:.0f} MiB/s |")
-    print("\n| parameters | start-up | death to first commit | launch | imports | init | set-up | load | redo | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| parameters | resumed from | start-up | death to first commit | launch | imports | init | set-up | load "
+          "| redo | ratio to start-up |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, res in results.items():
-        r = res.get("relaunch")
-        if r and r.get("relaunched"):
-            p = r["phases"]
-            print(f"| {name} | {r['startup']['total_s']:.2f} s | {r['death_to_first_commit_s']:.2f} s | "
-                  f"{p['launch_s']:.2f} s | {p['imports_s']:.2f} s | {p['init_s']:.2f} s | {p['setup_s']:.2f} s | "
-                  f"{p['load_s']:.2f} s | {p['redo_s']:.2f} s | {r['ratio_to_startup']:.2f} |")
+        for tier, source in (("relaunch", "disk"), ("relaunch_warm", "memory")):
+            r = res.get(tier)
+            if r and r.get("relaunched"):
+                p = r["phases"]
+                print(f"| {name} | {source} (step {r['resumed_step']}) | {r['startup']['total_s']:.2f} s | "
+                      f"{r['death_to_first_commit_s']:.2f} s | {p['launch_s']:.2f} s | {p['imports_s']:.2f} s | "
+                      f"{p['init_s']:.2f} s | {p['setup_s']:.2f} s | {p['load_s']:.2f} s | {p['redo_s']:.2f} s | "
+                      f"{r['ratio_to_startup']:.2f} |")
+        if res.get("warm_speedup"):
+            print(f"| {name} | warm {res['warm_speedup']:.1f}x faster than cold; warm = start-up "
+                  f"{res['warm_over_startup_s']:+.2f} s | | | | | | | | | |")
 
 
 def main() -> None:
