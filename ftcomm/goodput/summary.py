@@ -39,6 +39,14 @@ from .logs import RunLog
 WARMUP_STEPS = 2
 
 
+def _lost(event) -> float | None:
+    """From the last commit before a failure or relaunch to the commit of the step after it, less
+    one step at the world size after it (None: that step was never committed)."""
+    if event.regained_time is None:
+        return None
+    return event.regained_time - event.last_commit_time - event.step_s_after
+
+
 @dataclass
 class Phases:
     """One rank's view of one recovery (Unix seconds, durations in seconds)."""
@@ -106,9 +114,7 @@ class Failure:
     @property
     def lost_s(self) -> float | None:
         """Wall time the failure added to the run (see the module docstring)."""
-        if self.regained_time is None:
-            return None
-        return self.regained_time - self.last_commit_time - self.step_s_after
+        return _lost(self)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -154,9 +160,8 @@ class Relaunch:
 
     @property
     def lost_s(self) -> float | None:
-        if self.regained_time is None:
-            return None
-        return self.regained_time - self.last_commit_time - self.step_s_after
+        """Wall time the relaunch added to the run, as a failure's."""
+        return _lost(self)
 
     def as_dict(self) -> dict:
         out = asdict(self)

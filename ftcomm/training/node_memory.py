@@ -208,9 +208,8 @@ class NodeMemory:
 
 
 @dataclass
-class Blob:
-    """A committed blob found in a segment (``NodeMemory.put_blob``): ``meta`` has blob (its name),
-    step, world_rank, nbytes, xxh3."""
+class _Found:
+    """A committed segment that ``scan`` found: its path, the launch that wrote it, its header."""
 
     path: str
     launch: int
@@ -219,6 +218,11 @@ class Blob:
     @property
     def step(self) -> int:
         return int(self.meta["step"])
+
+
+class Blob(_Found):
+    """A committed blob (``NodeMemory.put_blob``): ``meta`` has blob (its name), engine, step,
+    world_rank, nbytes, xxh3."""
 
     def read(self) -> bytes | None:
         """The blob's bytes, or None when the segment no longer holds it whole."""
@@ -234,18 +238,9 @@ class Blob:
         return data if len(raw) == self.meta["nbytes"] and checksum(raw) == self.meta["xxh3"] else None
 
 
-@dataclass
-class Copy:
-    """A committed copy of a shard found in a segment: ``meta`` is its header (shard, step,
-    numel, shard_len, size, slots, optimizer, scalars, extra, xxh3, nbytes)."""
-
-    path: str
-    launch: int
-    meta: dict
-
-    @property
-    def step(self) -> int:
-        return int(self.meta["step"])
+class Copy(_Found):
+    """A committed copy of a shard: ``meta`` is its header (shard, step, numel, shard_len, size,
+    slots, optimizer, engine, scalars, extra, xxh3, nbytes)."""
 
     @property
     def shard(self) -> int:
