@@ -364,9 +364,8 @@ def relaunch_figures(events: list, launched: float) -> dict:
             "ratio_to_startup": (commit["time"] - kill["time"]) / startup["total_s"]}
 
 
-def run_size(args, name: str) -> dict:
-    """The lanes' job, then the relaunch job, for one model size."""
-    params = SIZES[name]
+def lanes_figures(args, name: str, params: int) -> dict:
+    """The lanes' job at one model size, and its figures."""
     result, _ = launch(args, "lanes", params, Path(args.out) / name / "lanes")
     out = {lane: lane_figures(result["events"], lane) for lane in LANES}
     out["throughput"] = throughput_figures(result["events"])
@@ -380,6 +379,15 @@ def run_size(args, name: str) -> dict:
         if r.get("stall_s") is not None and base["mean_step_s"]:
             r["stall_share"] = r["stall_s"] / ((1 if lane == "async1" else 10) * base["mean_step_s"])
     print(f"{name} lanes: {json.dumps(out)}", flush=True)
+    return out
+
+
+def run_size(args, name: str) -> dict:
+    """The lanes' job, then the relaunch job, for one model size."""
+    params = SIZES[name]
+    out = {}
+    if not args.only_relaunch:
+        out = lanes_figures(args, name, params)
     if args.relaunch:
         hosts = Path(args.out) / name / "hosts"
         hosts.write_text("n1 slots=2\nn2 slots=2\n")
@@ -398,6 +406,12 @@ def run_size(args, name: str) -> dict:
 
 
 def print_tables(results: dict) -> None:
+    if all("none" in res for res in results.values()):
+        print_lane_tables(results)
+    print_relaunch_table(results)
+
+
+def print_lane_tables(results: dict) -> None:
     print("\n| parameters | lane | step (median) | / none | step (mean) | / none | stall per checkpoint | stall share |")
     print("|---|---|---|---|---|---|---|---|")
     for name, res in results.items():
@@ -423,6 +437,9 @@ def print_tables(results: dict) -> None:
             print(f"| {name} | {r['part_bytes'] / 2**20:.1f} MiB | {r['ftcomm_bytes_per_s'] / 2**20:.0f} MiB/s | "
                   f"{r['plain_bytes_per_s'] / 2**20:.0f} MiB/s | {r['ftcomm_bytes_per_s'] / r['plain_bytes_per_s']:.2f} | "
                   f"{beside / 2**20:.0f} MiB/s |")
+
+
+def print_relaunch_table(results: dict) -> None:
     print("\n| parameters | resumed from | start-up | death to first commit | launch | imports | init | set-up | load "
           "| redo | ratio to start-up |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -454,6 +471,7 @@ def main() -> None:
     p.add_argument("--cycles", type=int, default=2,
                    help=f"phases of {PHASE} steps per lane in the lanes' job, in a fresh order each cycle (default 2)")
     p.add_argument("--no-relaunch", dest="relaunch", action="store_false", help="skip the relaunch measurement")
+    p.add_argument("--only-relaunch", action="store_true", help="skip the lanes' job: the relaunch measurement alone")
     p.add_argument("--job-timeout", type=float, default=1200)
     p.add_argument("--out", default="results/checkpoint")
     args = p.parse_args()

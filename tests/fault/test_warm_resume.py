@@ -6,8 +6,12 @@ crashes (its PRRTE daemon and ranks SIGKILLed) and Open MPI ends the job; ftcomm
 segments (a real node's memory is gone with it) and relaunches. Segments go under a FTCOMM_SHM_DIR
 of the test's own."""
 import json
+import threading
+import time
 
 import pytest
+
+from ftcomm.training import node_memory
 
 from harness import JOBS, run_job
 
@@ -101,3 +105,49 @@ def test_a_second_failure_during_the_resume_is_survived(tmp_path):
     assert resumed["from"] == "memory" and resumed["step"] == 6 and resumed["world_size"] == 1
     done = res.by_rank(event="done")
     assert sorted(done) == [0] and done[0]["steps"] == 20 and done[0]["accuracy"] > 0.9
+
+
+def _corrupt_when_dropped(shm, lost: str, shard: int, done: list) -> None:
+    """Waits until ftcomm-run drops made-up node ``lost`` (its segment directory goes), then flips a
+    byte in the data of the first committed copy of ``shard`` still on another node."""
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline:
+        jobs = list(shm.glob("ftcomm-*")) if shm.exists() else []
+        if jobs and (jobs[0] / "n1").exists() and not (jobs[0] / lost).exists():
+            for node in sorted(p for p in jobs[0].iterdir() if p.is_dir()):
+                for copy in node_memory.scan(str(node), before_launch=1):
+                    if copy.shard == shard and copy.step == 6 and not done:
+                        with open(copy.path, "r+b") as f:
+                            f.seek(node_memory.DATA_OFFSET + 8)
+                            byte = f.read(1)
+                            f.seek(node_memory.DATA_OFFSET + 8)
+                            f.write(bytes([byte[0] ^ 0x40]))
+                        done.append(copy.path)
+            if done:
+                return
+        time.sleep(0.05)
+
+
+def test_a_damaged_copy_is_not_used_and_another_node_s_copy_is(tmp_path):
+    # 3 nodes x 2 ranks, 2 buddies per shard (node-aware: on the next 2 nodes); n3 crashes at step
+    # 7; while ftcomm-run waits to relaunch, a byte of one copy of shard 4 (n3's) is flipped: the
+    # relaunch must take shard 4 from the other node's copy, and end as the shrink does
+    damaged = []
+    watcher = threading.Thread(target=_corrupt_when_dropped, args=(tmp_path / "shm", "n3", 4, damaged), daemon=True)
+    watcher.start()
+    (tmp_path / "hosts").write_text("n1 slots=2\nn2 slots=2\nn3 slots=2\n")
+    (tmp_path / "logs").mkdir()
+    res = run_job(JOB, 6, "--crash-node", "n3@7", "--replicas", "2", "--log", tmp_path / "logs", env=_env(tmp_path),
+                  timeout=300, launcher_args=["--hostfile", tmp_path / "hosts", "--fake-nodes", "--ranks-per-node", "2",
+                                              "--restarts", "1", "--restart-backoff", "5"])
+    watcher.join(1)
+    assert res.returncode == 0 and len(damaged) == 1, (damaged, res.describe())
+    resumed = [_events(tmp_path, rank, "resumed")[-1] for rank in range(4)]
+    assert all(r["from"] == "memory" and r["step"] == 6 and r["world_size"] == 4 for r in resumed), resumed
+    warm = _done(res)
+    shrunk = run_job(JOB, 6, "--replicas", "2", env=_env(tmp_path, FTCOMM_FAULT="rank=4,point=train_step,step=7;"
+                                                                             "rank=5,point=train_step,step=7"),
+                     timeout=300, launcher_args=["--hostfile", tmp_path / "hosts", "--fake-nodes",
+                                                 "--ranks-per-node", "2"])
+    assert shrunk.returncode == 0, shrunk.describe()
+    assert (warm["state"], warm["params"]) == (_done(shrunk)["state"], _done(shrunk)["params"])
