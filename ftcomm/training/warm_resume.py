@@ -151,6 +151,7 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
         if step is None or skipped > step:
             (log or (lambda **e: None))(event="warm_resume_incomplete", step=skipped, missing_shard=shard)
     if step is None:
+        _remove_earlier(opt, comm, launch, table)  # nothing whole: the disk takes over, they are stale
         return None
     fetched = fetch(step) if fetch is not None else None
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
