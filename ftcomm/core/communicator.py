@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _C, settings
 from ..errors import CollectiveMismatchError, FtError, InvalidInputError, UlfmUnavailableError
-from . import cuda, events, p2p, runtime
+from . import cuda, events, fault, p2p, runtime
 from .buffers import describe as describe_buffers
 from .buffers import raw as raw_buffer
 from .codes import InputProblem, RoundKind, Tag, op_code
@@ -86,6 +86,7 @@ class Communicator:
         # The highest step id an uncommitted allreduce used since the last commit: the next one
         # takes the id after it, and commit_uncommitted() records it.
         self._uncommitted_step = -1
+        fault.say_unsaid()  # FTCOMM_FAULT in a job that cannot recover: said once, by a rank
 
     # -- identity ------------------------------------------------------------------------
     @property

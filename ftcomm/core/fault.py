@@ -68,15 +68,30 @@ def can_recover(what: str) -> bool:
     return False
 
 
+_unsaid: list = []  # faults armed from FTCOMM_FAULT at import, checked once a communicator exists
+
+
 def inject(point: str, rank: int = -1, step: int = -1, ring_step: int = -1, chunk: int = -1,
-           kind: str = "kill") -> None:
+           kind: str = "kill", check_now: bool = True) -> None:
     """Arms a fault: world rank ``rank`` fails with ``kind`` when it reaches ``point``. In a job
-    that cannot recover it is armed all the same, and ``can_recover`` says so once."""
+    that cannot recover it is armed all the same, and ``can_recover`` says so once (now, or with
+    ``check_now=False`` when the first communicator is made: ``say_unsaid``)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {sorted(KINDS)}")
     if kind != "bitflip":
-        can_recover(f"fault injection ({kind} at {point})")
+        what = f"fault injection ({kind} at {point})"
+        if check_now:
+            can_recover(what)
+        else:
+            _unsaid.append(what)
     _C.fault_add(point, rank, step, ring_step, chunk, KINDS[kind])
+
+
+def say_unsaid() -> None:
+    """``can_recover`` for the faults armed at import (``Communicator()`` calls it): not at
+    import itself, since ``ftcomm-run``'s own process imports ftcomm too, and it is no job."""
+    while _unsaid:
+        can_recover(_unsaid.pop(0))
 
 
 def crash_node() -> None:
@@ -110,4 +125,5 @@ def flip(name: str, world_rank: int, step: int, buf) -> bool:
 def load_from_env() -> None:
     """Arms the faults that FTCOMM_FAULT names (``import ftcomm`` calls it)."""
     for spec in parse(settings.fault_specs()):
-        inject(spec["point"], spec["rank"], spec["step"], spec["ring_step"], spec["chunk"], spec["kind"])
+        inject(spec["point"], spec["rank"], spec["step"], spec["ring_step"], spec["chunk"], spec["kind"],
+               check_now=False)

@@ -140,11 +140,26 @@ def _watch_launcher() -> None:
     threading.Thread(target=_end_when_gone, args=(pidfd,), name="ftcomm-launcher-watch", daemon=True).start()
 
 
+_launcher_gone_hooks: list = []
+
+
+def when_launcher_gone(hook) -> None:
+    """Registers ``hook()`` to run when ftcomm-run is gone, just before this rank ends itself:
+    nobody will relaunch the job, so what was kept for a relaunch can go (node-local segments).
+    A hook must not raise and must not wait long."""
+    _launcher_gone_hooks.append(hook)
+
+
 def _end_when_gone(pidfd: int) -> None:
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)  # readable once the process has exited
     while not poller.poll():
         pass
+    for hook in _launcher_gone_hooks:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 (ending: never raise)
+            pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 

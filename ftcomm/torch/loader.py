@@ -41,6 +41,7 @@ import weakref
 
 import torch
 
+from .. import settings
 from ..core import runtime
 from ..errors import FtError
 from ..training.events import EventLog
@@ -180,6 +181,9 @@ class ResilientLoader:
             self._resume = self._resume_from_memory(pg)  # a relaunch: the nodes' memory first
             if self._resume is None and self._checkpoints is not None:
                 self._resume = self._checkpoints.resume(pg, self.model, self.optimizer, self.extra_state)
+            if self._resume is None and settings.restart_count() and pg.rank() == 0:
+                print(f"ftcomm: relaunch {settings.restart_count()} found no state to resume from (neither in the "
+                      "nodes' memory nor in a checkpoint_dir): training starts over", file=sys.stderr, flush=True)
             if self._resume is not None:
                 first, self.resumed_from = self._resume["epoch"], self._resume["steps_applied"]
                 self.steps_applied, self.steps_redone = self._resume["steps_applied"], self._resume["steps_redone"]

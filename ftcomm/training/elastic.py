@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .. import settings
 from ..core import fault
 from ..core.events import RecoveryEvent
 from ..core.outcome import retrying
@@ -297,6 +298,10 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
         resumed = _warm_resume(state, log, policy, summary)
     if resumed is None and checkpoint_dir and opt.join_report is None:
         resumed = _resume(state, checkpoint_dir, log)
+    if resumed is None and opt.join_report is None and settings.restart_count() and opt.comm.rank == 0:
+        print(f"ftcomm: relaunch {settings.restart_count()} found no state to resume from (neither in the nodes' "
+              f"memory nor {'in ' + checkpoint_dir if checkpoint_dir else 'on disk: no checkpoint_dir'}): "
+              "training starts over", file=sys.stderr, flush=True)
     log.record(event="start", step=opt.step_id, world_size=opt.comm.size, total_steps=total,
                policy=policy or "", replicas=getattr(opt, "replicas", None))
     waiting_first_commit = summary.events[-1] if summary.events else None

@@ -33,7 +33,6 @@ committed state from one that was half written; the checksum catches the rest.
 from __future__ import annotations
 
 import itertools
-import json
 import mmap
 import os
 import re
@@ -44,7 +43,7 @@ import numpy as np
 
 from .. import settings
 from ..segment_paths import node_dir
-from .replica import HEADER_BYTES, Replica, checksum, decode_header
+from .replica import HEADER_BYTES, Replica, checksum, decode_header, pack_header
 
 MAGIC = b"FTCSEG01"
 PAGE = 4096
@@ -111,10 +110,13 @@ class NodeMemory:
         self._count = 0
         self._blobs: dict[str, list] = {}  # name -> its two segments (put_blob)
         self._blob_turn: dict[str, int] = {}
+        self._full = False  # the tmpfs refused a segment (said once)
         from ..core import runtime
 
-        # A clean exit removes this process's segments; a crash leaves them to the relaunch.
+        # A clean exit removes this process's segments; a crash leaves them to the relaunch, unless
+        # ftcomm-run itself is gone (nobody will relaunch).
         runtime.at_shutdown(lambda crashed: None if crashed else self.close())
+        runtime.when_launcher_gone(self.close)
 
     @classmethod
     def for_rank(cls, world_rank: int) -> "NodeMemory | None":
@@ -126,26 +128,41 @@ class NodeMemory:
         directory = node_dir(node_name())
         return None if directory is None else cls(directory, world_rank, settings.restart_count())
 
-    def _new(self, elements: int) -> _Segment:
+    def _new(self, elements: int) -> _Segment | None:
+        """A new segment, or None when the node's tmpfs cannot hold it (said once on stderr: the
+        buffer then goes to private memory, and a relaunch finds this rank's copies only in its
+        buddies' memory or on disk)."""
         self._count += 1
         path = os.path.join(self.directory, f"L{self.launch}-W{self.world_rank}-E{self.engine}-{self._count}.seg")
-        segment = _Segment(path, elements, create=True)
+        try:
+            segment = _Segment(path, elements, create=True)
+        except OSError as error:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            if not self._full:
+                self._full = True
+                print(f"ftcomm: world rank {self.world_rank}: node memory {self.directory} cannot hold "
+                      f"{DATA_OFFSET + 4 * elements} more bytes ({error.strerror}): new buffers go to private "
+                      "memory (a larger tmpfs in FTCOMM_SHM_DIR keeps them for a relaunch; FTCOMM_WARM=0 turns "
+                      "node memory off)", file=sys.stderr, flush=True)
+            return None
         self._segments[segment.data.ctypes.data] = segment
         return segment
 
     def zeros(self, n: int) -> np.ndarray:
-        """A zeroed float32 array of ``n`` elements in a new segment (``storage.allocate``'s
-        ``zeros``).
-
-        Raises:
-            OSError: the segment cannot be made (ENOSPC: the node's /dev/shm is full).
-        """
-        return self._new(n).data
+        """A zeroed float32 array of ``n`` elements in a new segment, else in private memory
+        (``storage.allocate``'s ``zeros``)."""
+        segment = self._new(n)
+        return np.zeros(n, np.float32) if segment is None else segment.data
 
     def replica_buffer(self, shape: tuple, capacity: int) -> Replica:
-        """A replica's header and state, both in one new segment."""
+        """A replica's header and state, both in one new segment (else in private memory)."""
         n = max(int(np.prod(shape)), capacity)
         segment = self._new(n)
+        if segment is None:
+            return Replica(np.zeros(HEADER_BYTES, np.uint8), np.zeros(n, np.float32)[: int(np.prod(shape))].reshape(shape))
         return Replica(segment.header, segment.data[: int(np.prod(shape))].reshape(shape))
 
     def _segment_of(self, array: np.ndarray) -> _Segment | None:
@@ -180,15 +197,14 @@ class NodeMemory:
             if segment is not None:
                 self._drop(segment)
             segment = slots[turn] = self._new(max(elements, 1024))
+            if segment is None:
+                return  # no room: this step's blob is not kept (a relaunch resumes from disk)
         segment.unmark()
         raw = np.frombuffer(data, np.uint8)
         segment.data.view(np.uint8)[: len(raw)] = raw
         meta = {"blob": name, "engine": self.engine, "step": step, "world_rank": self.world_rank, "nbytes": len(raw),
                 "xxh3": checksum(raw)}
-        header = np.zeros(HEADER_BYTES, np.uint8)
-        encoded = json.dumps(meta).encode()
-        header[: len(encoded)] = np.frombuffer(encoded, np.uint8)
-        segment.mark(step, header)
+        segment.mark(step, pack_header(meta))
 
     def _drop(self, segment: _Segment) -> None:
         self._segments.pop(segment.data.ctypes.data, None)
@@ -258,10 +274,12 @@ class Copy(_Found):
         try:
             with open(self.path, "rb") as f:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
+            slots, shard_len = int(self.meta["slots"]), int(self.meta["shard_len"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if len(mapped) < DATA_OFFSET + 4 * slots * shard_len:  # a truncated file
             return None
         words = np.frombuffer(mapped, np.int64, 4, 0)
-        slots, shard_len = int(self.meta["slots"]), int(self.meta["shard_len"])
         if words[1] != self.step or slots * shard_len > words[2]:
             return None
         state = np.frombuffer(mapped, np.float32, slots * shard_len, DATA_OFFSET).reshape(slots, shard_len)
@@ -306,11 +324,21 @@ def _scan(directory: str | None, before_launch: int) -> list:
         meta = decode_header(np.frombuffer(head, np.uint8, HEADER_BYTES, HEADER_OFFSET))
         if step < 0 or not meta or meta.get("step") != step:
             continue
-        if "blob" in meta:
+        if _fields(meta, BLOB_FIELDS):
             found.append(Blob(path, int(match.group(1)), meta))
-        elif "slots" in meta:
+        elif _fields(meta, COPY_FIELDS):
             found.append(Copy(path, int(match.group(1)), meta))
     return found
+
+
+# What a header must hold to be used (its digest already checked by decode_header).
+COPY_FIELDS = {"shard": int, "step": int, "numel": int, "shard_len": int, "size": int, "slots": int,
+               "optimizer": str, "nbytes": int, "xxh3": int}
+BLOB_FIELDS = {"blob": str, "step": int, "world_rank": int, "nbytes": int, "xxh3": int}
+
+
+def _fields(meta: dict, fields: dict) -> bool:
+    return all(isinstance(meta.get(name), kind) and not isinstance(meta.get(name), bool) for name, kind in fields.items())
 
 
 def remove_earlier_launches(directory: str | None, launch: int) -> int:

@@ -40,15 +40,26 @@ def checksum(state: np.ndarray) -> int:
 
 
 def encode_header(meta: dict, state: np.ndarray) -> np.ndarray:
-    """A ``HEADER_BYTES`` uint8 array holding ``meta`` plus the state's checksum and byte count,
-    as zero-padded JSON.
+    """A ``HEADER_BYTES`` uint8 array holding ``meta`` plus the state's checksum and byte count
+    (``pack_header``).
 
     Raises:
         ValueError: ``meta`` does not fit in ``HEADER_BYTES`` (keep it small: steps, positions,
             RNG states; not tensors).
     """
-    full = dict(meta, xxh3=checksum(state), nbytes=int(state.nbytes))
-    raw = json.dumps(full, separators=(",", ":")).encode()
+    return pack_header(dict(meta, xxh3=checksum(state), nbytes=int(state.nbytes)))
+
+
+def pack_header(meta: dict) -> np.ndarray:
+    """``meta`` as JSON, a newline and the JSON's own XXH3-64 in hex, zero-padded to
+    ``HEADER_BYTES``: a flipped bit in the header (a step, a data position) is caught, as the
+    data's checksum catches one in the data.
+
+    Raises:
+        ValueError: it does not fit.
+    """
+    raw = json.dumps(meta, separators=(",", ":")).encode()  # escapes newlines inside strings
+    raw += b"\n" + f"{xxhash.xxh3_64_intdigest(raw):016x}".encode()
     if len(raw) > HEADER_BYTES:
         raise ValueError(f"replica header of {len(raw)} bytes exceeds {HEADER_BYTES}")
     out = np.zeros(HEADER_BYTES, np.uint8)
@@ -57,12 +68,16 @@ def encode_header(meta: dict, state: np.ndarray) -> np.ndarray:
 
 
 def decode_header(header: np.ndarray) -> dict | None:
-    """The metadata of an encoded header, or None if it cannot be read (corrupted)."""
-    raw = header.tobytes().rstrip(b"\0")
+    """The metadata of a packed header, or None if it cannot be read or its digest is wrong
+    (corrupted)."""
+    body, _, digest = header.tobytes().rstrip(b"\0").rpartition(b"\n")
     try:
-        return json.loads(raw)
+        if int(digest, 16) != xxhash.xxh3_64_intdigest(body):
+            return None
+        meta = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 @dataclass

@@ -24,6 +24,7 @@ with the segments untouched: recover the communicator and call ``resume`` again.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -140,6 +141,7 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     if opt.memory is None or launch == 0:
         return None
     t0 = time.perf_counter()
+    opt.phase = "warm resume"  # what a failure meanwhile is logged as having interrupted
     with agreed(comm, "warm resume: listing the nodes' segments", timeout=opt.timeout):
         table = nodes.gather(comm, opt.timeout)
         held = _local_copies(opt, comm, launch, table)
@@ -150,8 +152,15 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     for skipped, shard in sorted(missing.items(), reverse=True):
         if step is None or skipped > step:
             (log or (lambda **e: None))(event="warm_resume_incomplete", step=skipped, missing_shard=shard)
+    if missing and comm.rank == 0 and (step is None or max(missing) > step):
+        newest = max(missing)
+        print(f"ftcomm: the nodes' memory holds no whole copy of shard {missing[newest]} of step {newest} "
+              f"(lost with its node, or damaged)" + ("" if step is None else f": resuming from step {step}")
+              + ("" if step is not None else ": none of its steps is whole, the disk checkpoint (if any) takes over"),
+              file=sys.stderr, flush=True)
     if step is None:
         _remove_earlier(opt, comm, launch, table)  # nothing whole: the disk takes over, they are stale
+        opt.phase = None
         return None
     fetched = fetch(step) if fetch is not None else None
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
@@ -171,11 +180,15 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     except FtError:
         ok = False  # agreed on by finish()
     t3 = time.perf_counter()
-    meta = (decode_header(header) or {}).get("extra", {})
+    decoded = decode_header(header)
+    if decoded is None or not isinstance(decoded.get("extra", {}), dict):
+        ok = False  # a damaged header: the resume fails everywhere (finish agrees) and is tried again
+    meta = (decoded or {}).get("extra", {})
     opt.scalars = scalars
     rebuild.finish(opt, comm, new, live, step, meta, ok)
     t4 = time.perf_counter()
     _remove_earlier(opt, comm, launch, table)
+    opt.phase = None
     return {"step": step, "from_world_size": old.size, "fetched": fetched, "bytes_read": sum(s.nbytes for _, s in held.values()),
             "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]),
             "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3}}

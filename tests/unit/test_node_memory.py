@@ -122,3 +122,33 @@ def test_blobs_take_turns_so_the_previous_step_stays_whole(memory):
     assert sorted(found) == [4, 5] and found[5].read() == b"five"
     assert node_memory.scan_blobs(memory.directory, 1, "loop", memory.engine + 1) == []  # another optimizer's
     assert node_memory.scan(memory.directory, 1) == []  # blobs are not shard copies
+
+
+def test_a_full_tmpfs_sends_new_buffers_to_private_memory_and_says_so(memory, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(node_memory, "_Segment", full)
+    zeros = memory.zeros(100)
+    replica = memory.replica_buffer((2, 10), capacity=30)
+    memory.put_blob("loop", 1, b"x")
+    assert zeros.shape == (100,) and not zeros.any() and replica.state.shape == (2, 10)
+    memory.mark(zeros, 3)  # not a segment: nothing to mark, no error
+    assert os.listdir(memory.directory) == []
+    err = capsys.readouterr().err
+    assert err.count("cannot hold") == 1 and "No space left on device" in err and "FTCOMM_WARM=0" in err
+
+
+def test_a_damaged_header_or_a_truncated_file_is_not_used(memory):
+    state = _committed(memory, 5, 0, 1.5)
+    (copy,) = node_memory.scan(memory.directory, 1)
+    with open(copy.path, "r+b") as f:  # "cursor"-like damage: one bit of the header's JSON
+        f.seek(node_memory.HEADER_OFFSET + 3)
+        byte = f.read(1)
+        f.seek(node_memory.HEADER_OFFSET + 3)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert node_memory.scan(memory.directory, 1) == []
+    memory.mark(state, 5, encode_header(_meta(5, 0), state))  # whole again
+    (copy,) = node_memory.scan(memory.directory, 1)
+    os.truncate(copy.path, node_memory.DATA_OFFSET + 8)
+    assert copy.state() is None
