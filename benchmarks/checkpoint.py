@@ -390,6 +390,7 @@ def run_size(args, name: str) -> dict:
         out = lanes_figures(args, name, params)
     if args.relaunch:
         hosts = Path(args.out) / name / "hosts"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
         hosts.write_text("n1 slots=2\nn2 slots=2\n")
         # warm: from the nodes' shared memory (the default); cold: FTCOMM_WARM=0, from disk
         for tier, warm in (("relaunch", "0"), ("relaunch_warm", "1")):
