@@ -116,7 +116,8 @@ def job_environment(env: dict | None = None) -> dict:
     return full_env
 
 
-DAEMON_NOT_STARTED = "A daemon failed to report back after being spawned"
+PRRTE_NOT_STARTED = ("A daemon failed to report back after being spawned",
+                     "The PMIx server's listener thread failed to start")
 
 
 def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120.0,
@@ -133,9 +134,11 @@ def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120
                               stdin=subprocess.DEVNULL)
         wall_s = time.monotonic() - start
         reports = parse_reports(proc.stdout)
-        # PRRTE could not start a made-up node's daemon (seen once in CI right after a job whose
-        # node was crashed on purpose, exit 213): nothing of the job ran; launch it once more
-        if attempt == 1 and proc.returncode != 0 and not reports and DAEMON_NOT_STARTED in proc.stdout:
-            print(f"harness: {DAEMON_NOT_STARTED!r}: launching again", file=sys.stderr)
+        # PRRTE itself did not start (exit 213: a made-up node's daemon never reported back, seen in
+        # CI right after a job whose node was crashed on purpose; its PMIx listener thread did not
+        # start, seen under load): nothing of the job ran; launch it once more
+        said = next((m for m in PRRTE_NOT_STARTED if m in proc.stdout + proc.stderr), None)
+        if attempt == 1 and proc.returncode != 0 and not reports and said:
+            print(f"harness: PRRTE did not start ({said!r}): launching again", file=sys.stderr)
             continue
         return JobResult(proc.returncode, proc.stdout, proc.stderr, reports, wall_s)

@@ -19,8 +19,10 @@ the commit agreement). The training layer adds ``replicate``, ``shrink``, ``rebu
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 
 from .. import _C, settings
 from .buffers import raw as raw_buffer
@@ -99,8 +101,12 @@ def crash_node() -> None:
     Open MPI daemon (its parent process: PRRTE's ``prted``, on a real node or on a made-up one of
     ``ftcomm-run --fake-nodes``) and then the rank itself. Called on every rank of the node at the
     same point; with Open MPI 5.0.x the runtime then ends the whole job (docs/NODE_LOSS.md), and
-    ``ftcomm-run --restarts`` relaunches it without that node."""
-    os.kill(os.getppid(), signal.SIGKILL)
+    ``ftcomm-run --restarts`` relaunches it without that node. The daemon's session directory
+    goes too (``$TMPDIR/prted.<pid>``), as a crashed node's would with it: left on a machine that
+    plays several nodes, a later daemon given the same pid failed to start its PMIx listener."""
+    daemon = os.getppid()
+    shutil.rmtree(os.path.join(tempfile.gettempdir(), f"prted.{daemon}"), ignore_errors=True)
+    os.kill(daemon, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
