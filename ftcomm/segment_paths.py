@@ -4,8 +4,8 @@ MPI or torch to clean up:
 
     <FTCOMM_SHM_DIR>/ftcomm-<uid>-<job>/<node>/
 
-``job`` names the ftcomm-run process that started the job (FTCOMM_LAUNCHER): the same for every
-relaunch of it, different for any other job.
+``job`` names the ftcomm-run process that started the job (``settings.job_id``): the same for
+every relaunch of it, different for any other job.
 """
 from __future__ import annotations
 
@@ -16,21 +16,10 @@ import shutil
 from . import settings
 
 
-def job_key() -> str | None:
-    """The job's name in segment paths (``settings.job_id``: ftcomm-run's host, pid and start
-    time), or None outside ftcomm-run (no job to relaunch: no segments)."""
-    return settings.job_id()
-
-
-def job_key_of(host: str, pid: int, start: int) -> str:
-    """The job key of the ftcomm-run process ``pid`` on ``host`` started at ``start`` (clock
-    ticks after boot): what ``settings.job_id`` gives its ranks."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host}-{pid}-{start}")
-
-
 def job_dir(key: str | None = None, root: str | None = None) -> str | None:
-    """``<root>/ftcomm-<uid>-<job>``: every node's segments of one job (None: no job)."""
-    key = key or job_key()
+    """``<root>/ftcomm-<uid>-<job>``: every node's segments of one job (``key``: default this
+    job's, ``settings.job_id``; None: no job)."""
+    key = key or settings.job_id()
     if key is None:
         return None
     return os.path.join(root or settings.shm_dir(), f"ftcomm-{os.getuid()}-{key}")

@@ -303,10 +303,18 @@ def job_id() -> str | None:
     (FTCOMM_LAUNCHER's host, pid and start time: a pid is reused, a pid and its start time are
     not), or None outside ftcomm-run. Node-local segments and the examples' event logs use it."""
     found = launcher()
-    if found is None:
-        return None
-    host, pid, start = found
+    return None if found is None else job_id_of(*found)
+
+
+def job_id_of(host: str, pid: int, start: int) -> str:
+    """``job_id`` of the ftcomm-run process ``pid`` on ``host`` started at ``start`` (clock ticks
+    after boot), as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host}-{pid}-{start}")
+
+
+def this_launcher() -> tuple[str, int, int]:
+    """This process as FTCOMM_LAUNCHER names a launcher: (host name, pid, start time)."""
+    return socket.gethostname(), os.getpid(), process_start_time(os.getpid()) or 0
 
 
 def process_start_time(pid: int) -> int | None:
@@ -329,7 +337,7 @@ def launcher_environment(run_dir_path: str, spare_count: int, restart: int = 0) 
     if spare_count:
         env[SPARES.name] = str(spare_count)
     env[RESTART.name] = str(restart)
-    env[LAUNCHER.name] = f"{socket.gethostname()}:{os.getpid()}:{process_start_time(os.getpid()) or 0}"
+    env[LAUNCHER.name] = ":".join(map(str, this_launcher()))
     return env
 
 

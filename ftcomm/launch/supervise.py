@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -193,9 +192,9 @@ def supervise(args, stop: StopSignals) -> int:
 
 
 def own_job_key() -> str:
-    """The key under which this ftcomm-run's ranks keep their node-local segments (the one they
-    derive from FTCOMM_LAUNCHER)."""
-    return segment_paths.job_key_of(socket.gethostname(), os.getpid(), settings.process_start_time(os.getpid()) or 0)
+    """The key under which this ftcomm-run's ranks keep their node-local segments (the
+    ``settings.job_id`` they derive from the FTCOMM_LAUNCHER it gave them)."""
+    return settings.job_id_of(*settings.this_launcher())
 
 
 def _launches(args, stop: StopSignals, run_dirs: list[str]) -> int:

@@ -44,6 +44,7 @@ import torch
 from .. import settings
 from ..core import runtime
 from ..errors import FtError
+from ..training import warm_resume
 from ..training.events import EventLog
 from . import join, resplit
 from .checkpoint import LoopCheckpoints
@@ -222,13 +223,7 @@ class ResilientLoader:
                 self._record_recoveries(pg)
         if state is None:
             return None
-        self._record(pg, event="resumed", step=state["steps_applied"], **{"from": "memory"}, world_size=pg.size(),
-                     from_world_size=state["from_world_size"], bytes_read=state["bytes_read"],
-                     load_s=round(state["load_s"], 6), **{k: round(v, 6) for k, v in state["phases"].items()})
-        if pg.rank() == 0:
-            print(f"ftcomm: resumed from the nodes' shared memory (step {state['steps_applied']}, written by "
-                  f"{state['from_world_size']} ranks) at world size {pg.size()} in {state['load_s']:.2f} s",
-                  file=sys.stderr, flush=True)
+        warm_resume.report(lambda **event: self._record(pg, **event), state["steps_applied"], pg.comm, state)
         return state
 
     def flush_checkpoints(self, final: bool = True) -> None:

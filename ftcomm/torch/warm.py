@@ -65,7 +65,8 @@ class LoopMemory:
     def resume(self, pg, log) -> dict | None:
         """On a relaunch (FTCOMM_RESTART > 0): the newest step held whole in the nodes' memory,
         made current on every rank of ``pg``; returns the loader state to go on from plus "step",
-        "load_s", "bytes_read", "from_world_size", or None (then the disk). Collective.
+        "load_s", "bytes_read", "bytes_moved", "from_world_size", "phases", or None (then the
+        disk). Collective.
 
         Raises:
             ProcFailedError etc.: a rank failed; nothing changed.
@@ -89,8 +90,7 @@ class LoopMemory:
         self._apply(shared)
         set_rng_states((own or shared)["rng"])  # this rank's own stream when its node kept it
         return {**shared["loader"], "step": found["step"], "load_s": time.perf_counter() - t0,
-                "bytes_read": found["bytes_read"], "from_world_size": found["from_world_size"],
-                "phases": found["phases"]}
+                **{k: found[k] for k in ("bytes_read", "bytes_moved", "from_world_size", "phases")}}
 
     def _fetch(self, pg, blobs: list, step: int) -> tuple:
         """(this rank's own blob of ``step`` or None, the blob of the lowest rank holding one):

@@ -410,14 +410,7 @@ def _warm_resume(state: State, log: EventLog, policy: str | None, summary: Summa
             return None
         state.restore(opt.committed_meta)
         loaded["load_s"] = time.perf_counter() - t0
-        log.record(event="resumed", step=loaded["step"], **{"from": "memory"}, world_size=opt.comm.size,
-                   from_world_size=loaded["from_world_size"], bytes_read=loaded["bytes_read"],
-                   bytes_moved=loaded["bytes_moved"], load_s=round(loaded["load_s"], 6),
-                   **{k: round(v, 6) for k, v in loaded["phases"].items()})
-        if opt.comm.rank == 0:
-            print(f"ftcomm: resumed from the nodes' shared memory (step {loaded['step']}, written by "
-                  f"{loaded['from_world_size']} ranks) at world size {opt.comm.size} in {loaded['load_s']:.2f} s",
-                  file=sys.stderr, flush=True)
+        warm_resume.report(log.record, loaded["step"], opt.comm, loaded)
         return loaded
     return None
 

@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import settings
 from ..segment_paths import node_dir
+from . import storage
 from .replica import HEADER_BYTES, Replica, checksum, decode_header, pack_header
 
 MAGIC = b"FTCSEG01"
@@ -56,31 +57,24 @@ _ENGINES = itertools.count()  # NodeMemory objects made by this process, in orde
 class _Segment:
     """One mapped segment file: the commit word, the header and the data."""
 
-    def __init__(self, path: str, elements: int, create: bool):
+    def __init__(self, path: str, elements: int):
+        """Creates the file ``path`` (it must not exist) for ``elements`` float32 values."""
         self.path = path
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             size = DATA_OFFSET + 4 * max(elements, 1)
-            if create:
-                # Reserve the memory now: a tmpfs that is full would otherwise raise SIGBUS at the
-                # first touch of a page, in the middle of a step.
-                os.posix_fallocate(fd, 0, size)
+            # Reserve the memory now: a tmpfs that is full would otherwise raise SIGBUS at the
+            # first touch of a page, in the middle of a step.
+            os.posix_fallocate(fd, 0, size)
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        words = np.frombuffer(self.map, np.int64, 4, 0)
-        self.words = words
-        if create:
-            self.map[:8] = MAGIC
-            words[1] = -1
-            words[2] = elements
+        self.map[:8] = MAGIC
+        self.words = np.frombuffer(self.map, np.int64, 4, 0)
+        self.words[1] = -1
+        self.words[2] = elements
         self.header = np.frombuffer(self.map, np.uint8, HEADER_BYTES, HEADER_OFFSET)
-        self.data = np.frombuffer(self.map, np.float32, int(words[2]), DATA_OFFSET)
-
-    @property
-    def committed_step(self) -> int:
-        return int(self.words[1])
+        self.data = np.frombuffer(self.map, np.float32, elements, DATA_OFFSET)
 
     def mark(self, step: int, header: np.ndarray | None = None) -> None:
         if header is not None and header is not self.header:
@@ -135,7 +129,7 @@ class NodeMemory:
         self._count += 1
         path = os.path.join(self.directory, f"L{self.launch}-W{self.world_rank}-E{self.engine}-{self._count}.seg")
         try:
-            segment = _Segment(path, elements, create=True)
+            segment = _Segment(path, elements)
         except OSError as error:
             try:
                 os.unlink(path)
@@ -162,14 +156,11 @@ class NodeMemory:
         n = max(int(np.prod(shape)), capacity)
         segment = self._new(n)
         if segment is None:
-            return Replica(np.zeros(HEADER_BYTES, np.uint8), np.zeros(n, np.float32)[: int(np.prod(shape))].reshape(shape))
+            return Replica(np.zeros(HEADER_BYTES, np.uint8), storage.allocate(shape, capacity))
         return Replica(segment.header, segment.data[: int(np.prod(shape))].reshape(shape))
 
     def _segment_of(self, array: np.ndarray) -> _Segment | None:
-        owner = array
-        while owner.base is not None and isinstance(owner.base, np.ndarray):
-            owner = owner.base
-        return self._segments.get(owner.ctypes.data)
+        return self._segments.get(storage.storage(array).ctypes.data)
 
     def mark(self, array: np.ndarray, step: int, header: np.ndarray | None = None) -> None:
         """``array`` (a segment's data, or a view of its start) holds the committed state of
@@ -215,12 +206,8 @@ class NodeMemory:
 
     def close(self) -> None:
         """Removes this process's segments (the job ended normally)."""
-        for segment in self._segments.values():
-            try:
-                os.unlink(segment.path)
-            except OSError:
-                pass
-        self._segments.clear()
+        for segment in list(self._segments.values()):
+            self._drop(segment)
 
 
 @dataclass

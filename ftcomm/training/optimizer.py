@@ -172,7 +172,7 @@ class ShardedOptimizer:
         self.live = storage.allocate(self.shard_shape(self.layout), self.shard_capacity(self.layout), self.shard_zeros)
         self.live[0] = self._my_slice(self.flat)
         self.staging = storage.allocate(self.live.shape, self.shard_capacity(self.layout), self.shard_zeros)
-        self._replicate_and_agree(self.live, step=0, meta={})
+        self._replicate_and_agree(step=0, meta={})
         self._follow_on_device()
 
     # -- layout helpers ------------------------------------------------------------------
@@ -314,8 +314,7 @@ class ShardedOptimizer:
         self.live, self.staging = self.staging, self.live
         if self.device is not None:
             self.device.committed()
-        self.store.commit()
-        self._mark_live(step, self._staging_header)
+        self._commit_holdings(step, self._staging_header)
         self.scalars = self._staging_scalars
         self.step_id, self.committed_meta, self.phase = step, dict(meta or {}), None
 
@@ -386,22 +385,23 @@ class ShardedOptimizer:
                 "engine": self.memory.engine if self.memory is not None else 0,
                 "scalars": self.scalars if scalars is None else scalars, "extra": meta}
 
-    def _mark_live(self, step: int, header) -> None:
-        """The live shard holds committed ``step`` (its segment's commit word, with ``header``)."""
+    def _commit_holdings(self, step: int, header) -> None:
+        """After the agreement on ``step``: the pending replicas become the committed ones, and
+        in node memory they and the live shard (replicated with ``header``) are marked as
+        holding committed ``step``."""
+        self.store.commit(step)
         if self.memory is not None:
             self.memory.mark(self.live, step, header)
 
-    def _replicate_and_agree(self, state: np.ndarray, step: int, meta: dict) -> int:
-        """Replicates ``state`` tagged with ``step`` and commits the replicas if every rank
+    def _replicate_and_agree(self, step: int, meta: dict) -> int:
+        """Replicates the live shard tagged with ``step`` and commits the replicas if every rank
         succeeded; raises ProcFailedError otherwise. Returns bytes sent."""
         sent = 0
         with agreed(self.comm, f"replication of step {step}", step=step, timeout=self.timeout,
                     on_abort=self.store.discard_pending):
-            header = encode_header(self.replica_meta(step, meta), state)
-            sent = self.store.replicate(self.comm, header, state, self.flat, self.timeout)
-        self.store.commit()
-        if state is self.live:
-            self._mark_live(step, header)
+            header = encode_header(self.replica_meta(step, meta), self.live)
+            sent = self.store.replicate(self.comm, header, self.live, self.flat, self.timeout)
+        self._commit_holdings(step, header)
         return sent
 
     def load_state(self, slots: dict, scalars: list | None) -> None:
@@ -511,9 +511,8 @@ class ShardedOptimizer:
             self.memory.unmark(old_live)  # reused as staging, or dropped
         self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.shard_zeros)
         self._bind(flat)
-        self.store.commit()
+        self._commit_holdings(step, header)
         self.step_id, self.committed_meta = step, dict(meta)
-        self._mark_live(step, header)
         self._follow_on_device()
 
     def live_is_valid(self) -> bool:

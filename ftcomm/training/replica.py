@@ -171,17 +171,17 @@ class ReplicaStore:
         comm.exchange(sends=sends, recvs=recvs, tag=Tag.REPLICA, timeout=timeout)
         return len(peers) * (header.nbytes + state[1:].nbytes)
 
-    def commit(self) -> None:
+    def commit(self, step: int | None = None) -> None:
         """The pending set becomes the committed one (call once an agreement confirmed that every
-        rank's pending set is complete); the old committed buffers are kept for reuse."""
+        rank's pending set is complete); the old committed buffers are kept for reuse. ``step``:
+        the committed step the pending replicas hold, which their node-memory segments are
+        marked with (none are without it)."""
         self._pool.extend(self.committed.values())
         self.committed, self.pending = self.pending, {}
         self.own_digest, self._own_digest_pending = self._own_digest_pending, None
-        if self.memory is not None:
+        if self.memory is not None and step is not None:
             for replica in self.committed.values():
-                meta = replica.meta or {}
-                if "step" in meta:
-                    self.memory.mark(replica.state, int(meta["step"]), replica.header)
+                self.memory.mark(replica.state, step, replica.header)
 
     def discard_pending(self) -> None:
         """Drops an incomplete pending set (after an aborted step); the committed set stays."""

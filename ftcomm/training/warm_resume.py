@@ -50,11 +50,16 @@ def allgather_json(comm, value, timeout) -> list:
     return [json.loads(bytes(row).rstrip(b"\0")) for row in table]
 
 
+def _node_ranks(comm, table: dict) -> list:
+    """The ranks of ``comm`` on this rank's node, in order (``table``: {world rank: node})."""
+    here = table[comm.world_rank]
+    return [r for r, w in enumerate(comm.world_ranks) if table[w] == here]
+
+
 def _local_copies(opt, comm, launch: int, table: dict) -> dict:
     """This rank's share of its node's committed copies, checked: {(step, shard): (Copy, state)}.
     ``table``: {world rank: node name}."""
-    here = table[comm.world_rank]
-    local = [r for r, w in enumerate(comm.world_ranks) if table[w] == here]
+    local = _node_ranks(comm, table)
     copies = [c for c in node_memory.scan(opt.memory.directory, launch) if _mine(c, opt)]
     held = {}
     for copy in copies[local.index(comm.rank)::len(local)]:
@@ -194,6 +199,18 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
             "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3}}
 
 
+def report(log, step: int, comm, found: dict) -> None:
+    """Logs "resumed" (``"from": "memory"``, at the caller's ``step``) with the figures of
+    ``found`` (``resume``'s result and the caller's "load_s", the whole resume's seconds) and says
+    it on stderr (rank 0 of ``comm``): the account both training loops give of a warm resume."""
+    log(event="resumed", step=step, **{"from": "memory"}, world_size=comm.size,
+        from_world_size=found["from_world_size"], bytes_read=found["bytes_read"], bytes_moved=found["bytes_moved"],
+        load_s=round(found["load_s"], 6), **{k: round(v, 6) for k, v in found["phases"].items()})
+    if comm.rank == 0:
+        print(f"ftcomm: resumed from the nodes' shared memory (step {step}, written by {found['from_world_size']} "
+              f"ranks) at world size {comm.size} in {found['load_s']:.2f} s", file=sys.stderr, flush=True)
+
+
 def _metadata_transfers(comm, held: dict, step: int, sources: dict, owners: dict, into: np.ndarray) -> list:
     """Header transfers (src, dst, send, receive) giving each new rank the committed metadata of
     the old shard whose owner had its world rank, else of shard 0 (as a disk resume does)."""
@@ -214,6 +231,5 @@ def _metadata_transfers(comm, held: dict, step: int, sources: dict, owners: dict
 def _remove_earlier(opt, comm, launch: int, table: dict) -> None:
     """Each node's lowest rank removes the segments earlier launches left there (after the
     agreement that ended the resume: nobody reads them any more). ``table``: {world rank: node}."""
-    here = table[comm.world_rank]
-    if min(r for r, w in enumerate(comm.world_ranks) if table[w] == here) == comm.rank:
+    if _node_ranks(comm, table)[0] == comm.rank:
         node_memory.remove_earlier_launches(opt.memory.directory, launch)
