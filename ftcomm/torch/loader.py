@@ -148,7 +148,7 @@ class ResilientLoader:
                                  "checkpoint holds)")
             self._checkpoints = LoopCheckpoints(checkpoint_dir, checkpoint_every, mtbf_s,
                                                 lambda **event: self._record(self._process_group(), **event))
-        # The warm tier: with a ZeroRedundancyOptimizer whose shards live in node memory
+        # The warm tier: a ZeroRedundancyOptimizer's shards, or a plain optimizer's whole state, in node memory
         self._memory = LoopMemory(model, optimizer, self.extra_state) if optimizer is not None else None
 
     def __len__(self) -> int:
@@ -412,7 +412,7 @@ class ResilientLoader:
                                     "used": used * batch_size, "steps_applied": self.steps_applied,
                                     "steps_redone": self.steps_redone}
                     if warm:
-                        self._memory.at_step(loader_state)
+                        self._memory.at_step(loader_state, pg.comm)
                     if self._checkpoints is not None:
                         self._checkpoint(pg, loader_state)
                 if pg.generation == generation:

@@ -13,19 +13,23 @@ On a relaunch ``resume`` lists the blobs on each node, lets the optimizer pick t
 whose every shard is held somewhere and whose blob some rank holds
 (``ZeroRedundancyOptimizer.resume_from_memory``), gives every rank that step's blob (its own
 world rank's when its node has it, for its RNG; the rest from the lowest rank that has one, by
-one broadcast), and applies it. A DDP optimizer (the same on every rank) is not kept in shared
-memory: such a loop resumes from disk.
+one broadcast), and applies it. With a plain torch optimizer (DDP: the same state on every rank)
+``ModelMemory`` (``model_memory.py``) keeps the model and the optimizer's state in a segment in
+place of the optimizer's shards, and resumes the same way.
 """
 from __future__ import annotations
 
 import pickle
 import time
 
+import torch
+
 from .. import settings
 from ..core.outcome import agreed
 from ..training import node_memory
 from ..training.warm_resume import allgather_json
 from .checkpoint import rng_states, set_rng_states
+from .model_memory import ModelMemory
 from .zero import ZeroRedundancyOptimizer
 
 BLOB = "torch-loop"
@@ -35,9 +39,22 @@ def _module(model):
     return getattr(model, "module", model)
 
 
+def _kept_state(model, optimizer):
+    """What keeps the loop's optimizer state in node memory: a ZeroRedundancyOptimizer's shards,
+    or, for a plain torch optimizer, a ``ModelMemory``; None when node memory is off."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return optimizer if optimizer.node_memory is not None else None
+    if model is None or not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    from mpi4py import MPI
+
+    memory = node_memory.NodeMemory.for_rank(MPI.COMM_WORLD.Get_rank())
+    return None if memory is None else ModelMemory(optimizer, memory)
+
+
 class LoopMemory:
-    """The warm tier of one ``resilient`` loop (None-like when the optimizer keeps no shards in
-    node memory: ``active`` False).
+    """The warm tier of one ``resilient`` loop (None-like when nothing keeps its state in node
+    memory: ``active`` False).
 
     Args:
         model, optimizer, extra_state: the loop's.
@@ -45,22 +62,27 @@ class LoopMemory:
 
     def __init__(self, model, optimizer, extra_state):
         self.model, self.optimizer, self.extra_state = model, optimizer, list(extra_state or [])
-        self.memory = optimizer.node_memory if isinstance(optimizer, ZeroRedundancyOptimizer) else None
+        self.kept = _kept_state(model, optimizer)
+        self.memory = None if self.kept is None else self.kept.node_memory
 
     @property
     def active(self) -> bool:
         return self.memory is not None and self.model is not None
 
-    def at_step(self, loader_state: dict) -> None:
-        """After an applied step, on every rank: this rank's blob of the optimizer's committed
-        step (no communication)."""
+    def at_step(self, loader_state: dict, comm) -> None:
+        """After an applied step, on every rank of ``comm`` (the group's communicator): a plain
+        optimizer's state is committed in its segment, and this rank's blob of the committed step
+        written (no communication)."""
         if not self.active:
             return
+        if isinstance(self.kept, ModelMemory):
+            self.kept.commit(loader_state["steps_applied"], comm.world_rank, comm.size)
+        step = self.kept.committed_step
         state = {"loader": loader_state, "rng": rng_states(),
                  "extra": [obj.state_dict() for obj in self.extra_state],
                  "buffers": {name: b.detach().cpu() for name, b in _module(self.model).named_buffers()},
-                 "settings": self.optimizer.hand_over_settings()}
-        self.memory.put_blob(BLOB, self.optimizer.committed_step, pickle.dumps(state))
+                 "settings": self.kept.hand_over_settings()}
+        self.memory.put_blob(BLOB, step, pickle.dumps(state))
 
     def resume(self, pg, log) -> dict | None:
         """On a relaunch (FTCOMM_RESTART > 0): the newest step held whole in the nodes' memory,
@@ -82,8 +104,11 @@ class LoopMemory:
         with agreed(comm, "warm resume: listing the loop's state", timeout=pg.timeout):
             everywhere = allgather_json(comm, sorted({b.step for b, _ in blobs}), pg.timeout)
         eligible = {step for steps in everywhere for step in steps}
-        found = self.optimizer.resume_from_memory(comm, log, eligible=eligible,
-                                                  fetch=lambda step: self._fetch(pg, blobs, step))
+        fetch = lambda step: self._fetch(pg, blobs, step)  # noqa: E731
+        if isinstance(self.kept, ModelMemory):
+            found = self.kept.resume_from_memory(comm, log, eligible, fetch, timeout=pg.timeout)
+        else:
+            found = self.kept.resume_from_memory(comm, log, eligible=eligible, fetch=fetch)
         if found is None:
             return None
         own, shared = found["fetched"]
@@ -108,7 +133,7 @@ class LoopMemory:
         return (pickle.loads(own_bytes) if own_bytes else None), pickle.loads(shared)
 
     def _apply(self, state: dict) -> None:
-        self.optimizer.take_settings(state["settings"])
+        self.kept.take_settings(state["settings"])
         for obj, saved in zip(self.extra_state, state["extra"]):
             obj.load_state_dict(saved)
         buffers = dict(_module(self.model).named_buffers())

@@ -7,9 +7,11 @@ processes; held in files under ``/dev/shm`` it stays on the node, and the job th
 ``ftcomm-run --restarts`` relaunches there resumes from it (``warm_resume.py``) instead of from
 disk. The in-memory checkpoints of Gemini (Wang et al., SOSP'23) keep state in host memory
 outside the training processes the same way; here no agent process and no extra copy are
-needed: the buffers the sharded optimizer steps in *are* the segments.
+needed: the buffers the sharded optimizer steps in *are* the segments. A torch loop with a plain
+optimizer keeps its whole model and optimizer state in one segment the same way
+(``ftcomm/torch/model_memory.py``: ``ModelCopy``).
 
-One segment per buffer (a live or staging shard, a replica): a file
+One segment per buffer (a live or staging shard, a replica, a model copy): a file
 
     <FTCOMM_SHM_DIR>/ftcomm-<uid>-<job>/<node>/L<launch>-W<world rank>-E<engine>-<n>.seg
 
@@ -197,6 +199,16 @@ class NodeMemory:
                 "xxh3": checksum(raw)}
         segment.mark(step, pack_header(meta))
 
+    def release(self, array: np.ndarray) -> None:
+        """Removes the segment of ``array`` (a buffer this process no longer uses)."""
+        segment = self._segment_of(array)
+        if segment is not None:
+            self._drop(segment)
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether ``array`` lies in one of this process's segments (not private memory)."""
+        return self._segment_of(array) is not None
+
     def _drop(self, segment: _Segment) -> None:
         self._segments.pop(segment.data.ctypes.data, None)
         try:
@@ -239,6 +251,26 @@ class Blob(_Found):
             return None
         raw = np.frombuffer(data, np.uint8)
         return data if len(raw) == self.meta["nbytes"] and checksum(raw) == self.meta["xxh3"] else None
+
+
+class ModelCopy(_Found):
+    """A committed copy of a whole model and its optimizer's state (``ftcomm.torch``'s
+    ``ModelMemory``, a DDP loop's): ``meta`` has model (the engine), step, world_rank,
+    world_size, nbytes, xxh3, layout_offset, layout_nbytes."""
+
+    def data(self) -> np.ndarray | None:
+        """The copy's bytes (uint8[nbytes]), read-only and mapped, or None when the segment no
+        longer holds that committed state or its checksum is wrong."""
+        try:
+            with open(self.path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None
+        nbytes = int(self.meta["nbytes"])
+        if len(mapped) < DATA_OFFSET + nbytes or int(np.frombuffer(mapped, np.int64, 1, 8)[0]) != self.step:
+            return None
+        data = np.frombuffer(mapped, np.uint8, nbytes, DATA_OFFSET)
+        return data if checksum(data) == self.meta["xxh3"] else None
 
 
 class Copy(_Found):
@@ -289,6 +321,13 @@ def scan_blobs(directory: str | None, before_launch: int, name: str, engine: int
             and found.meta["blob"] == name and found.meta.get("engine") == engine]
 
 
+def scan_models(directory: str | None, before_launch: int, engine: int) -> list[ModelCopy]:
+    """The committed model copies of engine ``engine`` in a node's segment directory, newest
+    step first, as ``scan`` finds copies of shards."""
+    found = [f for f in _scan(directory, before_launch) if isinstance(f, ModelCopy) and f.meta["model"] == engine]
+    return sorted(found, key=lambda f: -f.step)
+
+
 def _scan(directory: str | None, before_launch: int) -> list:
     if directory is None or not os.path.isdir(directory):
         return []
@@ -313,6 +352,8 @@ def _scan(directory: str | None, before_launch: int) -> list:
             continue
         if _fields(meta, BLOB_FIELDS):
             found.append(Blob(path, int(match.group(1)), meta))
+        elif _fields(meta, MODEL_FIELDS):
+            found.append(ModelCopy(path, int(match.group(1)), meta))
         elif _fields(meta, COPY_FIELDS):
             found.append(Copy(path, int(match.group(1)), meta))
     return found
@@ -322,6 +363,8 @@ def _scan(directory: str | None, before_launch: int) -> list:
 COPY_FIELDS = {"shard": int, "step": int, "numel": int, "shard_len": int, "size": int, "slots": int,
                "optimizer": str, "nbytes": int, "xxh3": int}
 BLOB_FIELDS = {"blob": str, "step": int, "world_rank": int, "nbytes": int, "xxh3": int}
+MODEL_FIELDS = {"model": int, "step": int, "world_rank": int, "world_size": int, "nbytes": int, "xxh3": int,
+                "layout_offset": int, "layout_nbytes": int}
 
 
 def _fields(meta: dict, fields: dict) -> bool:

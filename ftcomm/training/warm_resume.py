@@ -50,7 +50,7 @@ def allgather_json(comm, value, timeout) -> list:
     return [json.loads(bytes(row).rstrip(b"\0")) for row in table]
 
 
-def _node_ranks(comm, table: dict) -> list:
+def node_ranks(comm, table: dict) -> list:
     """The ranks of ``comm`` on this rank's node, in order (``table``: {world rank: node})."""
     here = table[comm.world_rank]
     return [r for r, w in enumerate(comm.world_ranks) if table[w] == here]
@@ -59,7 +59,7 @@ def _node_ranks(comm, table: dict) -> list:
 def _local_copies(opt, comm, launch: int, table: dict) -> dict:
     """This rank's share of its node's committed copies, checked: {(step, shard): (Copy, state)}.
     ``table``: {world rank: node name}."""
-    local = _node_ranks(comm, table)
+    local = node_ranks(comm, table)
     copies = [c for c in node_memory.scan(opt.memory.directory, launch) if _mine(c, opt)]
     held = {}
     for copy in copies[local.index(comm.rank)::len(local)]:
@@ -164,7 +164,7 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
               + ("" if step is not None else ": none of its steps is whole, the disk checkpoint (if any) takes over"),
               file=sys.stderr, flush=True)
     if step is None:
-        _remove_earlier(opt, comm, launch, table)  # nothing whole: the disk takes over, they are stale
+        remove_earlier(opt.memory, comm, launch, table)  # nothing whole: the disk takes over, they are stale
         opt.phase = None
         return None
     fetched = fetch(step) if fetch is not None else None
@@ -192,7 +192,7 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     opt.scalars = scalars
     rebuild.finish(opt, comm, new, live, step, meta, ok)
     t4 = time.perf_counter()
-    _remove_earlier(opt, comm, launch, table)
+    remove_earlier(opt.memory, comm, launch, table)
     opt.phase = None
     return {"step": step, "from_world_size": old.size, "fetched": fetched, "bytes_read": sum(s.nbytes for _, s in held.values()),
             "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]),
@@ -228,8 +228,9 @@ def _metadata_transfers(comm, held: dict, step: int, sources: dict, owners: dict
     return out
 
 
-def _remove_earlier(opt, comm, launch: int, table: dict) -> None:
+def remove_earlier(memory, comm, launch: int, table: dict) -> None:
     """Each node's lowest rank removes the segments earlier launches left there (after the
-    agreement that ended the resume: nobody reads them any more). ``table``: {world rank: node}."""
-    if _node_ranks(comm, table)[0] == comm.rank:
-        node_memory.remove_earlier_launches(opt.memory.directory, launch)
+    agreement that ended the resume: nobody reads them any more). ``memory``: a ``NodeMemory``
+    of the job; ``table``: {world rank: node}."""
+    if node_ranks(comm, table)[0] == comm.rank:
+        node_memory.remove_earlier_launches(memory.directory, launch)

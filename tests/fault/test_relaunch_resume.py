@@ -1,10 +1,11 @@
 """A whole job that dies, brought back by `ftcomm-run --restarts`: 2 made-up nodes x 2 ranks
-(`--fake-nodes`), DDP + ZeRO in a `resilient` loop with a checkpoint every 4 steps
-(tests/jobs/ckpt_torch.py). At step 14 node n2 crashes (its PRRTE daemon and its ranks are
+(`--fake-nodes`), DDP + ZeRO (or DDP with a plain AdamW, every rank holding the whole state) in
+a `resilient` loop with a checkpoint every 4 steps (tests/jobs/ckpt_torch.py). At step 14 node n2 crashes (its PRRTE daemon and its ranks are
 SIGKILLed): Open MPI 5.0.x ends the whole job, ftcomm-run relaunches it on n1 alone (2 ranks).
 
 - Warm (the default): the relaunch resumes from n1's shared memory at step 13, the last applied
-  one (n1 holds its own shards and, by node-aware buddies, the replicas of n2's).
+  one (n1 holds its own shards and, by node-aware buddies, the replicas of n2's; with a plain
+  optimizer each of n1's ranks holds the whole model and optimizer state).
 - Cold (FTCOMM_WARM=0): from the newest complete disk checkpoint (step 12, or 8 when 12's was
   still being written).
 
@@ -26,10 +27,10 @@ def _done(res) -> dict:
     return next(iter(done.values()))
 
 
-def _crash_and_relaunch(tmp_path, **env):
+def _crash_and_relaunch(tmp_path, *args, **env):
     hosts = tmp_path / "hosts"
     hosts.write_text("n1 slots=2\nn2 slots=2\n")
-    res = run_job(JOB, 4, "--checkpoint-dir", tmp_path / "ckpt", "--kill-node", "n2@14", env={**ENV, **env},
+    res = run_job(JOB, 4, "--checkpoint-dir", tmp_path / "ckpt", "--kill-node", "n2@14", *args, env={**ENV, **env},
                   timeout=240, launcher_args=["--hostfile", hosts, "--fake-nodes", "--ranks-per-node", "2",
                                               "--restarts", "2", "--restart-backoff", "0.5"])
     assert res.returncode == 0, res.describe()
@@ -42,16 +43,16 @@ def _crash_and_relaunch(tmp_path, **env):
     return res, step, next(iter(resumed.values()))
 
 
-def _same_as_by_hand(tmp_path, step: int, res, resumed: dict) -> None:
+def _same_as_by_hand(tmp_path, step: int, res, resumed: dict, *args) -> None:
     """A run at 4 ranks stopped at ``step`` (its checkpoint written at the end), then restarted at
     2 ranks from disk, ends bitwise where the relaunch ended."""
     relaunched = _done(res)
     assert relaunched["size"] == 2
     by_hand = tmp_path / "by_hand"
-    stopped = run_job(JOB, 4, "--checkpoint-dir", by_hand, "--stop-at", step, "--final-checkpoint", env=ENV,
+    stopped = run_job(JOB, 4, "--checkpoint-dir", by_hand, "--stop-at", step, "--final-checkpoint", *args, env=ENV,
                       timeout=120)
     assert stopped.returncode == 0 and checkpoint.complete_steps(by_hand)[-1] == step, stopped.describe()
-    again = run_job(JOB, 2, "--checkpoint-dir", by_hand, env=ENV, timeout=120)
+    again = run_job(JOB, 2, "--checkpoint-dir", by_hand, *args, env=ENV, timeout=120)
     assert again.returncode == 0, again.describe()
     assert next(iter(again.by_rank(event="resumed").values()))["hash"] == resumed["hash"]
     final = _done(again)
@@ -59,10 +60,12 @@ def _same_as_by_hand(tmp_path, step: int, res, resumed: dict) -> None:
     assert final["params"] == relaunched["params"]
 
 
-def test_a_node_crash_ends_the_job_and_the_relaunch_resumes_from_the_nodes_memory(tmp_path):
-    res, step, resumed = _crash_and_relaunch(tmp_path, FTCOMM_SHM_DIR=str(tmp_path / "shm"))
+@pytest.mark.parametrize("optimizer", ["zero", "ddp"])
+def test_a_node_crash_ends_the_job_and_the_relaunch_resumes_from_the_nodes_memory(tmp_path, optimizer):
+    args = ("--optimizer", optimizer)
+    res, step, resumed = _crash_and_relaunch(tmp_path, *args, FTCOMM_SHM_DIR=str(tmp_path / "shm"))
     assert step == 13 and "resumed from the nodes' shared memory (step 13" in res.stderr, res.describe()
-    _same_as_by_hand(tmp_path, step, res, resumed)
+    _same_as_by_hand(tmp_path, step, res, resumed, *args)
 
 
 def test_without_the_warm_tier_the_relaunch_resumes_from_disk(tmp_path):
