@@ -334,29 +334,36 @@ def _scan(directory: str | None, before_launch: int) -> list:
     found = []
     for name in sorted(os.listdir(directory)):
         match = _NAME.match(name)
-        if match is None or int(match.group(1)) >= before_launch:
-            continue
-        path = os.path.join(directory, name)
-        try:
-            if os.stat(path).st_uid != os.getuid():
-                continue
-            with open(path, "rb") as f:
-                head = f.read(DATA_OFFSET)
-        except OSError:
-            continue
-        if len(head) < DATA_OFFSET or head[:8] != MAGIC:
-            continue
-        step = int(np.frombuffer(head, np.int64, 1, 8)[0])
-        meta = decode_header(np.frombuffer(head, np.uint8, HEADER_BYTES, HEADER_OFFSET))
-        if step < 0 or not meta or meta.get("step") != step:
-            continue
-        if _fields(meta, BLOB_FIELDS):
-            found.append(Blob(path, int(match.group(1)), meta))
-        elif _fields(meta, MODEL_FIELDS):
-            found.append(ModelCopy(path, int(match.group(1)), meta))
-        elif _fields(meta, COPY_FIELDS):
-            found.append(Copy(path, int(match.group(1)), meta))
+        if match is not None and int(match.group(1)) < before_launch:
+            one = found_at(os.path.join(directory, name))
+            if one is not None:
+                found.append(one)
     return found
+
+
+def found_at(path: str) -> "Copy | Blob | ModelCopy | None":
+    """The committed segment at ``path`` (named as this module names them, owned by this user,
+    its header whole and marked with its step), headers only; else None."""
+    match = _NAME.match(os.path.basename(path))
+    if match is None:
+        return None
+    try:
+        if os.stat(path).st_uid != os.getuid():
+            return None
+        with open(path, "rb") as f:
+            head = f.read(DATA_OFFSET)
+    except OSError:
+        return None
+    if len(head) < DATA_OFFSET or head[:8] != MAGIC:
+        return None
+    step = int(np.frombuffer(head, np.int64, 1, 8)[0])
+    meta = decode_header(np.frombuffer(head, np.uint8, HEADER_BYTES, HEADER_OFFSET))
+    if step < 0 or not meta or meta.get("step") != step:
+        return None
+    for kind, fields in ((Blob, BLOB_FIELDS), (ModelCopy, MODEL_FIELDS), (Copy, COPY_FIELDS)):
+        if _fields(meta, fields):
+            return kind(path, int(match.group(1)), meta)
+    return None
 
 
 # What a header must hold to be used (its digest already checked by decode_header).

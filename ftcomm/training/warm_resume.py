@@ -11,7 +11,9 @@ FTCOMM_RESTART > 0) does, collectively:
    rank (the lowest such rank is the shard's source). A step with a shard held nowhere is
    skipped, and that shard is named in the log;
 3. **re-shard**: the copies are cut into the new world size's shards and moved, each rank
-   receiving only what it lacks (``rebuild.move_pieces``), plus one header per rank: the
+   receiving only what it lacks (``rebuild.move_pieces``); a piece whose old shard has a copy
+   on the receiver's own node is copied from that segment, not sent (``read_on_the_node``),
+   plus one header per rank: the
    committed metadata (data position, RNG) of the old rank with its world rank, else of rank 0;
 4. **commit**: the parameters are allgathered, the new shards replicated and one agreement
    adopts them (``rebuild.finish``), as after an in-memory recovery. Then each node's lowest rank
@@ -23,6 +25,7 @@ with the segments untouched: recover the communicator and call ``resume`` again.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -74,7 +77,7 @@ def _local_copies(opt, comm, launch: int, table: dict) -> dict:
 def _entry(copy) -> list:
     meta = copy.meta
     return [copy.step, copy.shard, meta["size"], meta["numel"], meta["slots"], meta["optimizer"],
-            meta.get("world_rank", -1), meta.get("scalars")]
+            meta.get("world_rank", -1), meta.get("scalars"), copy.path]
 
 
 def _mine(copy, opt) -> bool:
@@ -87,7 +90,7 @@ def choose(everything: list, numel: int, slots: int, optimizer: str, eligible=No
 
     Args:
         everything: per rank, its entries [step, shard, size, numel, slots, optimizer,
-            old world rank, scalars].
+            old world rank, scalars, path].
         eligible: the steps that may be chosen (None: any); the caller's own state must exist
             for them too (the torch loop's position, say).
 
@@ -97,7 +100,7 @@ def choose(everything: list, numel: int, slots: int, optimizer: str, eligible=No
     """
     by_step: dict = {}
     for rank, entries in enumerate(everything):
-        for step, shard, size, n, s, name, world_rank, scalars in entries:
+        for step, shard, size, n, s, name, world_rank, scalars, _ in entries:
             if (n, s, name) != (numel, slots, optimizer):
                 continue  # a copy of another model or optimizer
             held = by_step.setdefault((step, size), {})
@@ -169,7 +172,8 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
         return None
     fetched = fetch(step) if fetch is not None else None
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
-    plan = reshard_plan(old, new, sources)
+    plan, paths = read_on_the_node(reshard_plan(old, new, sources), everything, comm, table,
+                                   (step, old.size, opt.numel, len(opt.stepper.slots), opt.stepper.name))
     live = rebuild.new_live(opt, new)
     lo, hi = new.bounds(comm.rank)
     live[:, hi - lo:] = 0
@@ -181,8 +185,8 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     try:
         fault.point("warm_resume", comm.world_rank, step)
         rebuild.move_pieces(opt, comm, plan, old, new, live, headers,
-                            holding=lambda shard: held[(step, shard)][1])
-    except FtError:
+                            holding=lambda shard: _holding(held, paths, step, shard))
+    except (FtError, FileNotFoundError):
         ok = False  # agreed on by finish()
     t3 = time.perf_counter()
     decoded = decode_header(header)
@@ -209,6 +213,46 @@ def report(log, step: int, comm, found: dict) -> None:
     if comm.rank == 0:
         print(f"ftcomm: resumed from the nodes' shared memory (step {step}, written by {found['from_world_size']} "
               f"ranks) at world size {comm.size} in {found['load_s']:.2f} s", file=sys.stderr, flush=True)
+
+
+def read_on_the_node(plan: list, everything: list, comm, table: dict, chosen: tuple) -> tuple[list, dict]:
+    """The re-shard plan with each piece whose old shard has a copy on its receiver's node taken
+    from that copy directly (src = dst: a copy within the node's shared memory instead of a
+    message), and the paths of the copies this rank reads so ({old shard: path}). The same plan
+    on every rank (same inputs). ``chosen``: (step, old size, numel, slots, optimizer);
+    ``table``: {world rank: node}."""
+    node = [table[w] for w in comm.world_ranks]
+    where = {}  # (old shard, node) -> path of a copy there
+    for rank, entries in enumerate(everything):
+        for step, shard, size, numel, slots, name, _, _, path in entries:
+            if (step, size, numel, slots, name) == chosen:
+                where.setdefault((shard, node[rank]), path)
+    out, paths = [], {}
+    for piece in plan:
+        path = where.get((piece.old_shard, node[piece.dst]))
+        if piece.src != piece.dst and path is not None:
+            piece = dataclasses.replace(piece, src=piece.dst)
+            if piece.dst == comm.rank:
+                paths[piece.old_shard] = path
+        out.append(piece)
+    return out, paths
+
+
+def _holding(held: dict, paths: dict, step: int, shard: int) -> np.ndarray:
+    """This rank's copy of old shard ``shard`` of ``step``: one it checked itself, else the one
+    another rank of its node checked (mapped again, checked again).
+
+    Raises:
+        FileNotFoundError: that copy is gone or damaged since (the resume fails everywhere and is
+            tried again)."""
+    if (step, shard) in held:
+        return held[(step, shard)][1]
+    found = node_memory.found_at(paths[shard])
+    state = found.state() if isinstance(found, node_memory.Copy) and found.step == step else None
+    if state is None:
+        raise FileNotFoundError(f"the copy of shard {shard} of step {step} at {paths[shard]} is gone or damaged")
+    held[(step, shard)] = (found, state)
+    return state
 
 
 def _metadata_transfers(comm, held: dict, step: int, sources: dict, owners: dict, into: np.ndarray) -> list:

@@ -91,8 +91,9 @@ def test_close_removes_only_this_process_segments(memory):
     assert os.listdir(memory.directory) == []
 
 
-def _entry(step, shard, size=4, numel=100, world_rank=None):
-    return [step, shard, size, numel, 3, "AdamW", shard if world_rank is None else world_rank, [{"step": step}]]
+def _entry(step, shard, size=4, numel=100, world_rank=None, path=None):
+    return [step, shard, size, numel, 3, "AdamW", shard if world_rank is None else world_rank, [{"step": step}],
+            path or f"/shm/{step}-{shard}.seg"]
 
 
 def test_the_newest_step_held_whole_is_chosen_with_the_lowest_holder_as_source():
@@ -110,6 +111,30 @@ def test_copies_of_another_model_do_not_count_and_nothing_whole_is_none():
     step, _, _, _, _, missing = warm_resume.choose(everything, 100, 3, "AdamW")
     assert step is None and missing == {7: 1}
     assert warm_resume.choose([[], []], 100, 3, "AdamW")[0] is None
+
+
+def test_pieces_whose_old_shard_has_a_copy_on_the_receivers_node_are_read_there():
+    """4 old shards at 2 new ranks on one node (n1) and a third on n2, which holds nothing: n1's
+    ranks read every piece they need from the node's memory, n2's rank receives messages."""
+    from types import SimpleNamespace
+
+    from ftcomm.training.layout import ShardLayout, reshard_plan
+
+    everything = [[_entry(7, 0), _entry(7, 2)], [_entry(7, 1), _entry(7, 3)], []]
+    table = {10: "n1", 11: "n1", 12: "n2"}
+    step, old, sources, *_ = warm_resume.choose(everything, 100, 3, "AdamW")
+    new = ShardLayout(100, (10, 11, 12))
+    plan = reshard_plan(old, new, sources)
+    assert any(p.src != p.dst and p.dst in (0, 1) for p in plan)  # without it: messages within n1
+    chosen = (step, 4, 100, 3, "AdamW")
+    for rank in range(3):
+        comm = SimpleNamespace(world_ranks=[10, 11, 12], rank=rank)
+        local, paths = warm_resume.read_on_the_node(plan, everything, comm, table, chosen)
+        assert [(p.old_shard, p.dst, p.lo, p.hi) for p in local] == [(p.old_shard, p.dst, p.lo, p.hi) for p in plan]
+        assert all(p.src == p.dst for p in local if p.dst in (0, 1))
+        assert [(p.src, p.dst) for p in local if p.dst == 2] == [(p.src, p.dst) for p in plan if p.dst == 2]
+        read = {p.old_shard for p in plan if p.dst == rank and p.src != rank} if rank < 2 else set()
+        assert paths == {s: f"/shm/7-{s}.seg" for s in read}
 
 
 def test_blobs_take_turns_so_the_previous_step_stays_whole(memory):
