@@ -22,15 +22,7 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-import ftcomm.torch  # ftcomm
+from cli import Parser  # examples/cli.py
 
 
 def kill_spec(text):
@@ -45,8 +37,8 @@ def every(text):
     return text if text == "auto" else int(text)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args():
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -61,7 +53,25 @@ def main():
     parser.add_argument("--result-json", help="write the final numbers here (rank 0)")
     parser.add_argument("--log-dir", default="results/ddp_train",
                         help="JSON-lines event logs go here (RUNID.rankN.jsonl; ftcomm-report LOG_DIR draws them)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+# Parsed before torch and MPI load, so that a typo fails at once and is said once (cli.py).
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+import ftcomm.torch  # noqa: E402 (ftcomm)
+
+
+def main():
+    args = ARGS
 
     dist.init_process_group(args.backend)
     rank = dist.get_rank()

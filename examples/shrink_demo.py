@@ -4,21 +4,30 @@ over the 3 of them, and go on.
 
     ftcomm-run -n 4 python examples/shrink_demo.py
 """
-import argparse
 import time
 
-import numpy as np
-
-import ftcomm
+from cli import Parser  # examples/cli.py
 
 
-def main():
-    p = argparse.ArgumentParser(description="ftcomm shrink-and-continue demo")
+def parse_args():
+    p = Parser(description="ftcomm shrink-and-continue demo")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--kill", type=int, default=2, help="world rank to kill (-1: nobody)")
     p.add_argument("--kill-step", type=int, default=5)
     p.add_argument("--elements", type=int, default=1 << 20, help="float32 elements per allreduce")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+# Parsed before torch and MPI load, so that a typo fails at once and is said once (cli.py).
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import numpy as np  # noqa: E402
+
+import ftcomm  # noqa: E402
+
+
+def main():
+    args = ARGS
 
     if args.kill >= 0:
         # Dies after receiving the first chunk of the allgather, mid-collective.

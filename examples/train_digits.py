@@ -4,12 +4,13 @@ ftcomm's sharded AdamW, buddy replicas and elastic driver; ranks can be killed o
     ftcomm-run -n 4 --timeout 300 python examples/train_digits.py
     ftcomm-run -n 4 --timeout 300 python examples/train_digits.py --kill 2@60
     ftcomm-run -n 4 --timeout 300 python examples/train_digits.py --kill 1@40 --kill 3@120
-    ftcomm-run -n 4 --spares 1 --timeout 300 python examples/train_digits.py --policy spares --kill 2@60
+    ftcomm-run -n 4 --spares 1 --timeout 300 python examples/train_digits.py --kill 2@60
 
 ``--kill RANK@STEP`` arms ftcomm's fault injection (point "train_step"): world rank RANK
 SIGKILLs itself at the start of training step STEP. The survivors recover, re-shard and go on
-(``--policy shrink``, the default), or an idle spare takes the dead rank's place and the world
-size stays 4 (``--policy spares``, with ``ftcomm-run --spares S``; spares have world ranks 4, 5, ...);
+(``--policy shrink``, the default without spares), or an idle spare takes the dead rank's place
+and the world size stays 4 (``--policy spares``, the default with ``ftcomm-run --spares S``;
+spares have world ranks 4, 5, ...);
 at the end rank 0 prints the test accuracy, the recovery timeline and the MTTR (kill to the
 first committed step after it), and one JSON summary line (prefix ``SUMMARY``).
 ``ftcomm-report results/train_digits`` draws the run's timeline and sums up what its failures
@@ -17,7 +18,6 @@ cost (docs/GOODPUT.md).
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -25,17 +25,11 @@ import sys
 import time
 import zlib
 
-import numpy as np
-import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-
-import ftcomm
-from ftcomm import elastic, fault
+from cli import Parser  # examples/cli.py
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch", type=int, default=64, help="global batch size")
     p.add_argument("--lr", type=float, default=2e-3)
@@ -44,8 +38,9 @@ def parse_args():
     p.add_argument("--replicas", type=int, default=1, help="buddies per shard (k)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
                    help="SIGKILL world rank RANK at training step STEP (repeatable)")
-    p.add_argument("--policy", choices=("shrink", "spares", "respawn"), default="shrink",
-                   help="recovery policy (spares: launch with ftcomm-run --spares S)")
+    p.add_argument("--policy", choices=("shrink", "spares", "respawn"),
+                   help="recovery policy (default: spares when ftcomm-run --spares S gave the job spares, else "
+                        "shrink)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="results/train_digits", help="JSON-lines event logs go here")
     p.add_argument("--checkpoint-dir", help="disk checkpoints (fallback only)")
@@ -57,6 +52,18 @@ def parse_args():
     except ValueError:
         p.error("--kill takes RANK@STEP, e.g. 2@60")
     return args
+
+
+# Parsed before torch and MPI load, so that a typo fails at once and is said once (cli.py).
+ARGS = parse_args() if __name__ == "__main__" else None
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+
+import ftcomm  # noqa: E402
+from ftcomm import elastic, fault  # noqa: E402
 
 
 def load_data(seed: int):
@@ -108,7 +115,7 @@ def mttr(events: list[dict]) -> list[dict]:
 
 
 def main():
-    args = parse_args()
+    args = ARGS
     torch.manual_seed(args.seed)
     xtr, ytr, xte, yte = load_data(args.seed)
     comm = ftcomm.world()  # on a spare: returns once it is promoted (or ends the process)

@@ -1,0 +1,38 @@
+"""Command-line parsing for the examples, run before torch and MPI load.
+
+Every rank of a job parses the same command line, so a typo would print its usage once per
+rank, and only after the imports (half a minute on a busy machine). The examples therefore parse
+first, with this parser:
+
+- abbreviations are refused (``--kil 2@30`` is an error, not ``--kill``);
+- the usage, the help and errors are printed by world rank 0 only (the launcher's rank
+  variable; a process started without a launcher is rank 0), and every rank exits with status 2
+  on an error, as argparse does.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+# Where each launcher puts the process's world rank (Open MPI / PRRTE, PMIx, MPICH's Hydra).
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def launched_rank() -> int:
+    """This process's world rank as its launcher set it; 0 without a launcher."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` without abbreviations, whose messages rank 0 alone prints."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def _print_message(self, message, file=None):
+        if launched_rank() == 0:
+            super()._print_message(message, file)
