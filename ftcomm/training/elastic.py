@@ -258,7 +258,9 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
             joined ("event": "joined"), so that a collective in it matches.
         max_recoveries: give up (re-raise) after this many recoveries.
         policy: recovery policy passed to ``Communicator.recover`` ("shrink", "spares" or
-            "respawn"; default FTCOMM_RECOVERY_POLICY, else "shrink"). With "spares" the world
+            "respawn"; default FTCOMM_RECOVERY_POLICY, else "spares" when the job has spare
+            ranks (``ftcomm-run --spares S``: none is left idle while a rank fails), else
+            "shrink"). With "spares" the world
             size stays as it was while spares last; a promoted spare runs this same function: its
             ShardedOptimizer joined the survivors' rebuild, and it starts at the interrupted step
             with the replaced rank's data position and RNG (event "joined").
@@ -278,7 +280,9 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     if check_every < 0:
         raise ValueError(f"elastic.run: check_every must be >= 0, not {check_every}")
     opt, sampler = state.optimizer, state.sampler
-    if policy not in (None, "shrink"):
+    if policy is None:
+        policy = settings.recovery_policy(default="spares" if settings.spares() > 0 else "shrink")
+    if policy != "shrink":
         fault.can_recover(f"recovery policy {policy!r}")
     total = steps if steps is not None else epochs * sampler.steps_per_epoch
     log = EventLog(log_path, opt.comm.world_rank, echo=opt.comm.rank == 0 and progress)
