@@ -426,7 +426,8 @@ def format_summary(summary: RunSummary) -> str:
     lines = [
         f"run {summary.run_id.rstrip('.') or '(no prefix)'}: world ranks {summary.ranks}, reference rank {summary.reference_rank}",
         f"  world size {summary.initial_size} -> {summary.final_size}, policy {summary.policy or 'default'}, "
-        f"k={summary.replicas}, {summary.steps} steps in {summary.wall_s:.3f} s"
+        + (f"k={summary.replicas}" if summary.replicas is not None else "no replicas logged")
+        + f", {summary.steps} steps in {summary.wall_s:.3f} s"
         + ("" if summary.ended else " (the reference rank logged no end: the run did not finish)"),
         "  step time by world size: " + ", ".join(f"{n}: {t * 1e3:.2f} ms (replication {summary.replicate_s[n] * 1e3:.2f} ms)"
                                                    for n, t in summary.step_s.items()),
@@ -455,4 +456,19 @@ def format_summary(summary: RunSummary) -> str:
         f" + failures{' and relaunches' if summary.relaunches else ''} {summary.lost_s:.3f} + checkpoints {summary.checkpoint_s:.3f} + other {summary.other_s:.3f}",
         f"  goodput {summary.goodput:.4f} (ideal step time x steps / wall)",
     ]
+    lines += _why_over_ideal(summary)
     return "\n".join(lines)
+
+
+def _why_over_ideal(summary: RunSummary) -> list[str]:
+    """A line saying why goodput is above 1 or "other" negative, when they are: the ideal counts
+    every step at the first world size's step time, and steps at another size ran faster."""
+    if not (summary.goodput > 1 or summary.other_s < 0):
+        return []
+    first = summary.step_s[summary.initial_size]
+    faster = {n: t for n, t in summary.step_s.items() if t < first}
+    if not faster:
+        return ["  (other < 0: the run's steps were faster than their mean, which the ideal uses: step-time noise)"]
+    sizes = ", ".join(f"{t * 1e3:.2f} ms at world size {n}" for n, t in faster.items())
+    return [f"  (goodput above 1 / other < 0: the ideal counts every step at world size {summary.initial_size}'s "
+            f"{first * 1e3:.2f} ms, and steps ran faster after the world changed: {sizes})"]

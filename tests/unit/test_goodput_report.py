@@ -213,3 +213,31 @@ def test_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     assert report_cli.main([str(tmp_path)]) == 2
     assert "pip install 'ftcomm[bench]'" in capsys.readouterr().err
+
+
+def test_a_goodput_above_one_says_why_and_no_replicas_is_said_in_words(tmp_path):
+    """The same run, but the steps at size 3 take 0.04 s (faster than the 0.1 s at size 4, as on
+    a machine with fewer cores than ranks) and the start logs no k (a DDP loop): the text names
+    the faster size beside the goodput instead of leaving a bare number above 1."""
+    events = []
+    for e in kill_run():
+        if e["event"] in ("commit", "first_commit", "end") and e["time"] > T0 + 0.7:
+            e = dict(e, time=T0 + 0.78 + 0.04 * (e.get("step", 10) - 6))
+        if e["event"] == "start":
+            e = {k: v for k, v in e.items() if k != "replicas"}
+        events.append(e)
+    _write(tmp_path, "78.", events)
+    s = summarize(load_run(tmp_path))
+    text = format_summary(s)
+    assert s.replicas is None and "k=None" not in text and "no replicas logged" in text
+    assert s.other_s < 0, s.other_s
+    assert "steps ran faster after the world changed: 40.00 ms at world size 3" in text, text
+    plain = format_summary(summarize(load_run(_fresh(tmp_path, kill_run()))))
+    assert "faster" not in plain and "k=1" in plain
+
+
+def _fresh(tmp_path, events):
+    directory = tmp_path / "plain"
+    directory.mkdir()
+    _write(directory, "77.", events)
+    return directory
