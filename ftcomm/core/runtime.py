@@ -28,18 +28,53 @@ from mpi4py import MPI  # noqa: E402  (must follow the rc setting)
 from .. import settings  # noqa: E402
 from ..errors import FtError, InvalidInputError  # noqa: E402
 
+
+
+def shadowing_source_tree() -> str | None:
+    """Why the core may not match this environment when the ftcomm imported is not the installed
+    one: a source tree in the current folder (first on ``sys.path``) hides the package this
+    environment installed (built for its MPI). Returns that, in words, else None."""
+    import importlib.metadata
+    import json as _json
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    imported = Path(__file__).resolve().parents[1]
+    try:
+        dist = importlib.metadata.distribution("ftcomm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    installed = None
+    direct = _json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:"):
+        installed = Path(unquote(urlparse(direct["url"]).path)) / "ftcomm"  # an editable install: its tree
+    elif dist.files and any(str(f) == "ftcomm/__init__.py" for f in dist.files):
+        installed = Path(dist.locate_file("ftcomm/__init__.py")).parent
+    if installed is None or installed.resolve() == imported:
+        return None
+    return (f"the ftcomm imported is the source tree {imported} (the current folder comes first on sys.path), not "
+            f"the one this environment installed, {installed.resolve()}: run from another folder, or install "
+            "this tree into this environment")
+
+
+def _mismatch(text: str) -> str:
+    """``text`` about a core built for another MPI, led by the likelier cause when there is one."""
+    shadowed = shadowing_source_tree()
+    return text if shadowed is None else f"{shadowed}. (Otherwise: {text})"
+
+
 try:
     from .. import _C  # noqa: E402
 except ImportError as exc:
     if "libmpi" not in str(exc):
         raise
     # The core links one MPI's library (FTCOMM_MPI at build time); mpi4py loaded another one.
-    raise ImportError(
+    raise ImportError(_mismatch(
         f"ftcomm's compiled core was built against another MPI than the one mpi4py loaded "
         f"('{MPI.Get_library_version().strip().splitlines()[0].split(',')[0]}'): {exc}. Rebuild ftcomm in this "
         "environment with FTCOMM_MPI set to this MPI (pip install --force-reinstall --no-deps .), or use the "
         "environment it was built for; one source tree holds one editable build (README, Quick start)."
-    ) from exc
+    )) from exc
 
 
 def _library_name(version_text: str) -> str:
@@ -52,11 +87,11 @@ def _check_same_mpi() -> None:
     ours = _library_name(_C.mpi_library_version())
     theirs = _library_name(MPI.Get_library_version())
     if ours != theirs:
-        raise ImportError(
+        raise ImportError(_mismatch(
             f"ftcomm was built against '{ours}' but mpi4py loaded '{theirs}'. Rebuild ftcomm in this "
             "environment (pip install --force-reinstall --no-deps .) or make mpi4py load the same MPI "
             "(MPI4PY_LIBMPI / the env's MPI package)."
-        )
+        ))
 
 
 _check_same_mpi()
