@@ -36,3 +36,16 @@ class Parser(argparse.ArgumentParser):
     def _print_message(self, message, file=None):
         if launched_rank() == 0:
             super()._print_message(message, file)
+
+
+def kill_spec(text: str) -> tuple[int, int]:
+    """--kill RANK@STEP, as (rank, step)."""
+    rank, sep, step = text.partition("@")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected RANK@STEP, for example 2@30")
+    return int(rank), int(step)
+
+
+def every(text: str):
+    """--checkpoint-every: a number of steps, or "auto"."""
+    return text if text == "auto" else int(text)

@@ -22,25 +22,12 @@ Prints one line per epoch and, on rank 0, `test accuracy: A` at the end; --resul
 the final numbers (rank 0); the event logs go to --log-dir (default results/zero_train), one run
 per ftcomm-run, relaunches included: `ftcomm-report results/zero_train` draws it.
 """
-import argparse
 import json
 import os
 import sys
 import time
 
-from cli import Parser  # examples/cli.py
-
-
-def kill_spec(text):
-    rank, sep, step = text.partition("@")
-    if not sep:
-        raise argparse.ArgumentTypeError("expected RANK@STEP, for example 2@30")
-    return int(rank), int(step)
-
-
-def every(text):
-    """--checkpoint-every: a number of steps, or "auto"."""
-    return text if text == "auto" else int(text)
+from cli import Parser, every, kill_spec  # examples/cli.py
 
 
 def parse_args():

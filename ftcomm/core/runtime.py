@@ -29,7 +29,6 @@ from .. import settings  # noqa: E402
 from ..errors import FtError, InvalidInputError  # noqa: E402
 
 
-
 def shadowing_source_tree() -> str | None:
     """Why the core may not match this environment when the ftcomm imported is not the installed
     one: a source tree in the current folder (first on ``sys.path``) hides the package this

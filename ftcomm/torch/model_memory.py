@@ -96,12 +96,17 @@ class ModelMemory:
     def __init__(self, optimizer, memory):
         self.optimizer, self.memory = optimizer, memory
         self.committed_step = 0
-        self._data = None      # the segment's bytes (uint8), or None before the first commit
+        self._hold(None)       # _words / _data: the segment's data as float32 / bytes, or None
         self._views = []       # the tensors the model and optimizer use, in layout order
         self._values = {}
+        self._layout_place = (0, 0)  # (byte offset, bytes) of the pickled layout
         self._world = (0, 1)   # (world rank, world size) the copy was written at
         self._sealing = None   # the thread checksumming the committed state
         optimizer.register_step_pre_hook(self._before_update)
+
+    def _hold(self, words: np.ndarray | None) -> None:
+        """The segment in use: ``words`` (its float32 data) and ``_data``, its bytes (None: none)."""
+        self._words, self._data = words, None if words is None else words.view(np.uint8)
 
     # -- steady state --------------------------------------------------------------------------
     def commit(self, step: int, world_rank: int, world_size: int) -> None:
@@ -122,7 +127,7 @@ class ModelMemory:
         meta = {"model": self.memory.engine, "step": step, "world_rank": self._world[0], "world_size": self._world[1],
                 "nbytes": nbytes, "xxh3": checksum(self._data[:nbytes]) if digest is None else digest,
                 "layout_offset": layout_offset, "layout_nbytes": layout_nbytes}
-        self.memory.mark(self._data_words, step, pack_header(meta))
+        self.memory.mark(self._words, step, pack_header(meta))
 
     def _wait(self) -> None:
         if self._sealing is not None:
@@ -133,7 +138,7 @@ class ModelMemory:
         """The optimizer's step pre-hook: the update is about to write the segment."""
         if self._data is not None and not step_voided():
             self._wait()
-            self.memory.unmark(self._data_words)
+            self.memory.unmark(self._words)
 
     def _in_place(self) -> bool:
         """Whether the model and optimizer still use exactly this segment's views."""
@@ -160,11 +165,10 @@ class ModelMemory:
         None without room."""
         described = pickle.dumps({"layout": layout, "values": values})
         words = self.memory.zeros(-(-(size + len(described)) // 4))
+        self._drop()  # the tensors still viewing it stay readable: the mapping outlives the file
         if not self.memory.holds(words):
-            self._drop()
             return None
-        self._drop()
-        self._data_words, self._data = words, words.view(np.uint8)
+        self._hold(words)
         self._data[size: size + len(described)] = np.frombuffer(described, np.uint8)
         self._layout_place, self._values = (size, len(described)), values
         self._views = _views(self._data, layout)
@@ -184,22 +188,14 @@ class ModelMemory:
     def _drop(self) -> None:
         if self._data is not None:
             self._wait()
-            self.memory.release(self._data_words)
-            self._data = None
+            self.memory.release(self._words)
+            self._hold(None)
             self._views = []
 
     # -- the loop's warm tier (warm.py) ----------------------------------------------------------
     @property
     def node_memory(self):
         return self.memory
-
-    def hand_over_settings(self) -> list[dict]:
-        """The param groups' settings (lr after a scheduler, ...), without parameters."""
-        return [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-
-    def take_settings(self, saved: list[dict]) -> None:
-        for group, theirs in zip(self.optimizer.param_groups, saved):
-            group.update(theirs)
 
     def resume_from_memory(self, comm, log=None, eligible=None, fetch=None, timeout: float | None = None):
         """On a relaunch (FTCOMM_RESTART > 0): the newest step whose model copy some rank's node
@@ -272,7 +268,7 @@ class ModelMemory:
         offset, length = meta["layout_offset"], meta["layout_nbytes"]
         described = pickle.loads(incoming[offset: offset + length].tobytes())
         self._drop()
-        self._data_words, self._data = words, incoming
+        self._hold(words)
         self._layout_place, self._values = (offset, length), described["values"]
         self._views = _views(incoming, described["layout"])
         self._point(described["layout"])

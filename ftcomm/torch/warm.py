@@ -30,7 +30,7 @@ from ..training import node_memory
 from ..training.warm_resume import allgather_json
 from .checkpoint import rng_states, set_rng_states
 from .model_memory import ModelMemory
-from .zero import ZeroRedundancyOptimizer
+from .zero import ZeroRedundancyOptimizer, group_settings, take_group_settings
 
 BLOB = "torch-loop"
 
@@ -81,7 +81,7 @@ class LoopMemory:
         state = {"loader": loader_state, "rng": rng_states(),
                  "extra": [obj.state_dict() for obj in self.extra_state],
                  "buffers": {name: b.detach().cpu() for name, b in _module(self.model).named_buffers()},
-                 "settings": self.kept.hand_over_settings()}
+                 "settings": group_settings(self.optimizer)}
         self.memory.put_blob(BLOB, step, pickle.dumps(state))
 
     def resume(self, pg, log) -> dict | None:
@@ -133,7 +133,7 @@ class LoopMemory:
         return (pickle.loads(own_bytes) if own_bytes else None), pickle.loads(shared)
 
     def _apply(self, state: dict) -> None:
-        self.kept.take_settings(state["settings"])
+        take_group_settings(self.optimizer, state["settings"])
         for obj, saved in zip(self.extra_state, state["extra"]):
             obj.load_state_dict(saved)
         buffers = dict(_module(self.model).named_buffers())

@@ -62,6 +62,18 @@ def _describe_groups(groups: list[dict]) -> str:
     return f"{len(groups)} param group(s): " + "; ".join(parts)
 
 
+def group_settings(optimizer) -> list[dict]:
+    """``optimizer``'s param groups' settings (lr after a scheduler, ...), without parameters:
+    what a newcomer or a relaunch takes over (``take_group_settings``). Any torch optimizer."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def take_group_settings(optimizer, saved: list[dict]) -> None:
+    """Sets ``optimizer``'s param groups' settings to ``saved`` (``group_settings``'s)."""
+    for group, theirs in zip(optimizer.param_groups, saved):
+        group.update(theirs)
+
+
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     """ZeRO-1: each rank keeps the optimizer state of one shard of the parameters, with k replicas
     of other ranks' shards (see the module docstring).
@@ -239,12 +251,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     # -- hand-over to a promoted spare (join.py) ----------------------------------------------
     def hand_over_settings(self) -> list[dict]:
         """The param groups' settings (lr after a scheduler, ...), without parameters or state."""
-        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        return group_settings(self)
 
     def take_settings(self, settings: list[dict]) -> None:
         """A newcomer takes the survivors' ``hand_over_settings()``."""
-        for group, theirs in zip(self.param_groups, settings):
-            group.update(theirs)
+        take_group_settings(self, settings)
 
     def hand_over_shards(self, comm) -> None:
         """Collective over the group's communicator in the hand-over: survivors and newcomers
