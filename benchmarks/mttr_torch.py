@@ -116,7 +116,7 @@ def worker(args, model) -> None:
                 opt.step()
                 if not disk and batches.step_skipped:
                     after_failure = True
-                    log(event="recovered", step=opt.sharded.step_id, **(opt.last_recovery or {}),
+                    log(event="recovered", step=opt.sharded.step_id + 1, **(opt.last_recovery or {}),  # the interrupted step
                         rebuild_phases=(opt.last_rebuild or {}).get("phases"))
                     continue
                 step = opt.sharded.step_id

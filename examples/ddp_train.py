@@ -31,8 +31,9 @@ def parse_args():
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--backend", default="ftcomm")  # ftcomm (was "gloo")
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
-                        help="demo only: SIGKILL world rank RANK inside the gradient allreduce of "
-                             "iteration STEP (counted from 0 over the whole run)")
+                        help="demo only: SIGKILL world rank RANK inside the gradient allreduce of step "
+                             "STEP (steps are counted from 1 over the whole run, as the logs and "
+                             "ftcomm-report count them)")
     parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
                                                  "format); a run that finds one there resumes from it")
     parser.add_argument("--checkpoint-every", default="10", metavar="N|auto",
@@ -89,7 +90,7 @@ def main():
         ddp_model.train()
         total, count = 0.0, 0
         for xb, yb in loader:
-            step = loader.steps_applied + loader.steps_redone  # iterations so far, voided ones included, on a newcomer too
+            step = loader.steps_applied + 1  # the step this iteration runs, from 1 (a redo runs it again)
             if args.kill and args.kill[1] == step:  # demo only
                 arm_kill(args.kill[0], loader)
             optimizer.zero_grad()
@@ -110,7 +111,7 @@ def main():
         if args.result_json:
             with open(args.result_json, "w") as f:
                 json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(),
-                           "steps": loader.steps_applied + loader.steps_redone, "joined": loader.joined,
+                           "steps": loader.steps_applied, "redone_steps": loader.steps_redone, "joined": loader.joined,
                            "seconds": time.perf_counter() - start, "first_rank": rank,
                            "recoveries": [e.as_dict() for e in ftcomm.torch.recoveries()]}, f)
     dist.destroy_process_group()

@@ -37,7 +37,8 @@ def parse_args():
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--replicas", type=int, default=1, help="buddies per shard (k)")
     p.add_argument("--kill", action="append", default=[], metavar="RANK@STEP",
-                   help="SIGKILL world rank RANK at training step STEP (repeatable)")
+                   help="SIGKILL world rank RANK at the start of training step STEP (counted from 1, as the "
+                        "logs and ftcomm-report count steps; repeatable)")
     p.add_argument("--policy", choices=("shrink", "spares", "respawn"),
                    help="recovery policy (default: spares when ftcomm-run --spares S gave the job spares, else "
                         "shrink)")

@@ -37,11 +37,11 @@ def parse_args():
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--replicas", type=int, default=1, help="buddies keeping a copy of each shard")
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
-                        help="demo only: SIGKILL world rank RANK in the shard update of iteration STEP "
-                             "(counted from 0 over the whole run)")
+                        help="demo only: SIGKILL world rank RANK in the shard update of step STEP (steps are "
+                             "counted from 1 over the whole run, as the logs and ftcomm-report count them)")
     parser.add_argument("--crash-node", metavar="NODE@STEP",
                         help="demo only, with ftcomm-run --fake-nodes: on the first launch, NODE crashes at the "
-                             "start of iteration STEP (its Open MPI daemon and ranks are SIGKILLed), which ends "
+                             "start of step STEP (its Open MPI daemon and ranks are SIGKILLed), which ends "
                              "the whole job; with --restarts and --checkpoint-dir it is relaunched and resumes")
     parser.add_argument("--checkpoint-dir", help="asynchronous disk checkpoints here (torch.distributed.checkpoint "
                                                  "format); a run that finds one there resumes from it")
@@ -103,9 +103,9 @@ def main():
         ddp_model.train()
         total, count = 0.0, 0
         for xb, yb in loader:
-            step = loader.steps_applied + loader.steps_redone  # iterations so far, voided ones included
+            step = loader.steps_applied + 1  # the step this iteration runs, from 1 (a redo runs it again)
             if args.kill and args.kill[1] == step:  # demo only
-                arm_kill(args.kill[0], optimizer)
+                arm_kill(args.kill[0], loader, optimizer)
             if args.crash_node and args.crash_node.endswith(f"@{step}"):  # demo only
                 crash_node(args.crash_node.split("@")[0], loader, step)
             optimizer.zero_grad()
@@ -128,7 +128,7 @@ def main():
         if args.result_json:
             with open(args.result_json, "w") as f:
                 json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(),
-                           "steps": loader.steps_applied + loader.steps_redone, "joined": loader.joined,
+                           "steps": loader.steps_applied, "redone_steps": loader.steps_redone, "joined": loader.joined,
                            "seconds": time.perf_counter() - start, "first_rank": rank,
                            "shard_bytes": optimizer.sharded.shard_bytes,
                            "replica_bytes": optimizer.sharded.store.nbytes,
@@ -148,14 +148,17 @@ def crash_node(node, loader, step):
     if here == node:
         print(f"world rank {world_rank}: node {node} crashes", flush=True)
         time.sleep(1.0)  # let the line reach the launcher before the daemon goes
-        loader.record(event="kill", step=step + 1)  # for ftcomm-report: when this rank died
+        loader.record(event="kill", step=step)  # for ftcomm-report: when this rank died
         ftcomm.fault.crash_node()
     print(f"world rank {world_rank} (node {here}): waits for the job to end with node {node}", flush=True)
     time.sleep(600)
 
 
-def arm_kill(world_rank, optimizer):
-    """Demo only: world rank ``world_rank`` SIGKILLs itself in the next shard update."""
+def arm_kill(world_rank, loader, optimizer):
+    """Demo only: world rank ``world_rank`` SIGKILLs itself in the next shard update (and logs it
+    first, so that the recovery report times the failure from the kill)."""
+    if dist.group.WORLD.comm.world_rank == world_rank:
+        loader.record(event="kill", step=optimizer.sharded.step_id + 1)
     ftcomm.fault.inject("shard_update", rank=world_rank, step=optimizer.sharded.step_id + 1)
 
 

@@ -27,8 +27,11 @@ class RecoveryEvent:
         promoted: ranks (in the new communicator) of the newcomers; empty after a shrink.
         old_to_new: old rank -> new rank, -1 for a failed rank that was not replaced.
         unfilled: old ranks that failed and got no newcomer (spares ran out).
-        step: the last committed step when the failure hit (the redone step is ``step + 1``), or
-            None where no step ledger applies.
+        step: the step the failure interrupted, counted from 1 as every step number in ftcomm
+            is (``--kill RANK@STEP`` flags, logs, reports): step N is the N-th step, and its
+            commit is "step N". The steps before it were committed; this one is redone (after a
+            disk fallback, the steps after ``disk_restore`` are). None where no step ledger
+            applies.
         where: the collective or training phase that saw the failure ("allreduce", "rebuild", ...).
         error: the class name of the error that started the recovery.
         time: ``time.time()`` when the recovery completed (Unix seconds).

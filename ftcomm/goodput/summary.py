@@ -64,8 +64,9 @@ class Phases:
 class Failure:
     """One failure and its recovery, seen from the reference rank (see the module docstring).
 
-    Times are Unix seconds; ``*_s`` are seconds. ``step`` is the last step committed before the
-    failure (the interrupted one is ``step + 1``).
+    Times are Unix seconds; ``*_s`` are seconds. ``step`` is the step the failure interrupted
+    (counted from 1, as ``--kill RANK@STEP`` and the logs count: the steps before it were
+    committed).
     """
 
     index: int
@@ -250,7 +251,7 @@ def _reference_rank(run: RunLog) -> int:
 
 def _last_commit_before(commits: list[dict], step: int, recovered_time: float) -> dict | None:
     """The reference rank's commit of ``step``, the last step the survivors say they committed
-    before the failure (after a disk fallback their ``step`` is the restored one). Chosen by step,
+    before the failure (the one before the step it interrupted). Chosen by step,
     not by comparing its time with the failure's: the victim may log its kill a few milliseconds
     before the reference rank logs that same commit."""
     done = [c for c in commits if c["step"] == step and c["time"] <= recovered_time]
@@ -309,7 +310,7 @@ def summarize(run: RunLog) -> RunSummary:
     kills = run.of("kill")
     raw = []
     for (step, lost), events in groups.items():
-        matched = [k for k in kills if k["rank"] in lost and k.get("step") == step + 1]
+        matched = [k for k in kills if k["rank"] in lost and k.get("step") == step]
         if matched:
             fail_time, source = min(k["time"] for k in matched), "kill event"
         else:
@@ -332,8 +333,8 @@ def summarize(run: RunLog) -> RunSummary:
         mine = next((e for e in events if e["rank"] == ref), None)
         if mine is None:
             raise ValueError(f"run {run.run_id!r}: world rank {ref} logged no recovery from the failure "
-                             f"at step {step + 1} (lost {list(lost)})")
-        by_step = None if mine.get("disk_restore") is not None else _last_commit_before(commits, step, mine["time"])
+                             f"at step {step} (lost {list(lost)})")
+        by_step = None if mine.get("disk_restore") is not None else _last_commit_before(commits, step - 1, mine["time"])
         last_commit = by_step or next((c for c in reversed(commits) if c["time"] < fail_time), start)
         pre_step = last_commit.get("step", start["step"])
         after = [c for c in commits if c["time"] > mine["time"]]
@@ -347,7 +348,7 @@ def summarize(run: RunLog) -> RunSummary:
                                     e.get("recover_s") or 0.0, e.get("rebuild_s") or 0.0, e["time"], nxt))
         disk = mine.get("disk_restore")
         failures.append(Failure(
-            index=index, step=pre_step, lost_world_ranks=list(lost), policy=mine.get("policy", ""),
+            index=index, step=pre_step + 1, lost_world_ranks=list(lost), policy=mine.get("policy", ""),
             fallback=mine.get("fallback"), old_size=mine["old_size"], new_size=new_size, fail_time=fail_time,
             fail_time_from=source, last_commit_time=last_commit["time"], detected_time=mine["detected_time"],
             agree_s=mine.get("agree_s") or 0.0, recover_s=mine.get("recover_s") or 0.0,
@@ -436,7 +437,7 @@ def format_summary(summary: RunSummary) -> str:
     if summary.failures:
         lines.append("   #  step  lost ranks   size   MTTR ms  detect ms  agree ms  shrink ms  rebuild ms  redo ms  lost ms  failure time from")
     for f in summary.failures:
-        lines.append(f"  {f.index:2d} {f.step + 1:5d}  {str(f.lost_world_ranks):<11} {f.old_size:>2}->{f.new_size:<2} "
+        lines.append(f"  {f.index:2d} {f.step:5d}  {str(f.lost_world_ranks):<11} {f.old_size:>2}->{f.new_size:<2} "
                      f"{ms(f.mttr_s):>8} {ms(f.detection_s):>10} {ms(f.agree_s):>9} {ms(f.recover_s):>10} "
                      f"{ms(f.rebuild_s):>11} {ms(f.redo_s):>8} {ms(f.lost_s):>8}  {f.fail_time_from}"
                      + (f", disk restore of step {f.disk_restore}" if f.disk_restore is not None else ""))

@@ -90,6 +90,18 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
         ImportError: no matplotlib (``require_matplotlib``).
     """
     plt = require_matplotlib()
+    fig = figure(run, summary)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(run: RunLog, summary: RunSummary):
+    """The timeline of ``run`` as a matplotlib Figure (laid out, not saved).
+
+    Raises:
+        ImportError: no matplotlib (``require_matplotlib``).
+    """
+    plt = require_matplotlib()
     t0 = summary.start_time
     rows = {rank: i for i, rank in enumerate(summary.ranks)}
     zooms = summary.failures[:MAX_ZOOMS]
@@ -126,19 +138,22 @@ def draw(run: RunLog, summary: RunSummary, path) -> None:
         size_ax.axvline(f.fail_time - t0, color="tab:red", ls=":", lw=1)
     for r in summary.relaunches:
         size_ax.axvspan(r.death_time - t0, r.start_time - t0, color=COLORS["relaunch"], alpha=0.25)
-    size_ax.set_xlabel(f"seconds since the start of world rank {summary.reference_rank}")
-    size_ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right", ncol=3)
+    x_label = f"seconds since the start of world rank {summary.reference_rank}"
+    size_ax.set_xlabel(x_label)
+    # Beside the panels, not over them: tight_layout narrows the axes to make room.
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False)
 
     for i, f in enumerate(zooms):
         zax = fig.add_subplot(grid[2, i])
         end = max([f.regained_time or f.recovered_time] + [p.first_commit_time or p.recovered_time for p in f.survivors])
         pad = 0.5 * f.step_s_after
         _draw_ranks(zax, run, summary, t0, rows, zoom=(f.last_commit_time - t0 - pad, end - t0 + pad))
-        zax.set_title(f"step {f.step + 1}: lost {f.lost_world_ranks}, MTTR "
+        zax.set_title(f"step {f.step}: lost {f.lost_world_ranks}, MTTR "
                       + ("-" if f.mttr_s is None else f"{f.mttr_s * 1e3:.0f} ms"), fontsize=9)
         zax.tick_params(labelsize=7)
+        zax.set_xlabel(x_label, fontsize=7)
         if i:
             zax.set_yticklabels([])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -86,8 +86,8 @@ class ResilientLoader:
         outlier_ratio: see ``grad_outliers``; default 100.
         log_path: JSON-lines event log of the run, one file per rank (``{rank}`` is replaced by
             the world rank), in the elastic driver's format (ftcomm/training/events.py): "start",
-            "commit" per applied step, "recovered" per recovery (its training ``step`` is the
-            last applied one), "first_commit", the checkpoints' events, and "end" when
+            "commit" per applied step, "recovered" per recovery (its ``step`` is the training
+            step the failure interrupted: the last applied one + 1), "first_commit", the checkpoints' events, and "end" when
             ``epochs()`` finishes. What ``ftcomm-report`` reads. None (default): no log.
         checkpoint_dir: disk checkpoints of applied steps, in ``torch.distributed.checkpoint``
             format (``checkpoint.py``: the model, the optimizer (ZeRO shards as shards),
@@ -242,6 +242,9 @@ class ResilientLoader:
         if loader_state is None:
             self.steps_applied, self.steps_redone = state["steps_applied"], state["steps_redone"]
             self.joined = True
+            # the newcomer's row of ftcomm-report's timeline starts here: it redoes this step
+            self._record(pg, event="joined", step=self.steps_applied + 1, world_size=pg.size(),
+                         new_rank=pg.rank())
         return state
 
     def _process_group(self):
@@ -260,7 +263,9 @@ class ResilientLoader:
             return
         if self._log is None:
             self._log = EventLog(self._log_path, pg.comm.world_rank, echo=False)
-            self._log.record(event="start", step=self.steps_applied, world_size=pg.size(), policy=pg.policy)
+            engine = getattr(self.optimizer, "sharded", None)  # a ZeroRedundancyOptimizer's: its k
+            self._log.record(event="start", step=self.steps_applied, world_size=pg.size(), policy=pg.policy,
+                             replicas=getattr(engine, "replicas", None))
         if event:
             self._log.record(**event)
 
@@ -269,7 +274,8 @@ class ResilientLoader:
         events = recoveries()[self._recoveries_logged:]
         self._recoveries_logged += len(events)
         for e in events:
-            self._record(pg, event="recovered", **{**e.as_dict(), "step": self.steps_applied})
+            e.step = self.steps_applied + 1  # the training step, not the collective's ledger id
+            self._record(pg, event="recovered", **e.as_dict())
         return bool(events)
 
     def _record_outlier(self, pg) -> None:

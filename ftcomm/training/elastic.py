@@ -145,6 +145,7 @@ def _recover(state: State, error: FtError, log: EventLog, disk: _Disk | None, po
     detected, detected_time = time.perf_counter(), time.time()
     timing = getattr(opt, "timing", {})
     before = comm = opt.comm
+    in_progress = opt.step_id + 1  # the step the failure interrupted (a disk fallback moves step_id back)
     recover_s, report = 0.0, None
     retry_on = (ProcFailedError, RevokedError, CollectiveTimeoutError)
     for attempt in retrying(max_attempts, retry_on=retry_on):
@@ -158,7 +159,9 @@ def _recover(state: State, error: FtError, log: EventLog, disk: _Disk | None, po
     event = comm.recovery or RecoveryEvent()
     event.lost_world_ranks = sorted(set(before.world_ranks) - set(comm.world_ranks))
     event.old_size, event.new_size = before.size, comm.size
-    event.step, event.where, event.error = opt.step_id, opt.phase or "train_step", type(error).__name__
+    # After a rebuild from memory every survivor holds the same last committed step.
+    event.step = opt.step_id + 1 if report.get("disk_restore") is None else in_progress
+    event.where, event.error = opt.phase or "train_step", type(error).__name__
     # From the start of the phase that failed to the exception (the kill time is not known here).
     event.detection_s = detected - getattr(opt, "last_phase_start", detected)
     # A failure after the gradient allreduce surfaces locally and is then agreed on by the step's
@@ -290,7 +293,7 @@ def run(train_step, state: State, *, epochs: int | None = None, steps: int | Non
     if opt.join_report is not None:  # a promoted spare: the committed state came from the survivors
         state.restore(opt.committed_meta)
         joined = opt.comm.recovery or RecoveryEvent()
-        joined.step, joined.where, joined.time = opt.step_id, "join", time.time()
+        joined.step, joined.where, joined.time = opt.step_id + 1, "join", time.time()  # the step it redoes
         joined.rebuild_s, joined.bytes_moved = opt.join_report["rebuild_s"], int(opt.join_report["bytes_moved"])
         summary.events.append(log(event="joined", new_rank=opt.comm.rank, **joined.as_dict()))
         if on_recover is not None:

@@ -33,7 +33,7 @@ def test_report_of_a_demo_run_with_two_kills(tmp_path):
     assert summary["steps"] == demo["steps"] == 66 and summary["redone_steps"] == demo["redone_steps"] == 2
     assert summary["ranks"] == [0, 1, 2, 3, 4, 5]
     failures = summary["failures"]
-    assert [(f["step"] + 1, f["lost_world_ranks"], f["fail_time_from"]) for f in failures] == \
+    assert [(f["step"], f["lost_world_ranks"], f["fail_time_from"]) for f in failures] == \
         [(15, [1], "kill event"), (40, [2], "kill event")]
     for f, d in zip(failures, demo["mttr"]):
         assert 0 < f["detection_s"] < f["mttr_s"] < 10 and f["rebuild_s"] > 0 and f["redo_s"] > 0
@@ -47,22 +47,35 @@ def test_report_of_a_demo_run_with_two_kills(tmp_path):
     assert predicted == pytest.approx(summary["goodput"], rel=0.10), (predicted, summary["goodput"])
 
 
-def test_report_of_a_ddp_run_with_a_kill(tmp_path):
+def _events(logs, name):
+    return [e for path in sorted(logs.glob("*.jsonl")) for e in map(json.loads, path.read_text().splitlines())
+            if e["event"] == name]
+
+
+def test_report_of_a_ddp_run_with_a_kill_and_a_spare(tmp_path):
     """The DDP example's logs (``resilient(..., log_path=)``) give the same report: the failure
-    timed from the victim's kill event, the survivors' recovery, the first commit after it."""
+    timed from the victim's kill event, the survivors' recovery, the spare's join, the first
+    commit after it. ``--kill 2@30`` is step 30 everywhere: the kill, the recovery, the redone
+    step's commit, the example's JSON and the report (steps counted from 1)."""
     logs = tmp_path / "logs"
     res = run_job(REPO / "examples" / "ddp_train.py", 4, "--epochs", "4", "--kill", "2@30", "--log-dir", logs,
-                  "--result-json", tmp_path / "result.json", timeout=240)
+                  "--result-json", tmp_path / "result.json", timeout=240, launcher_args=("--spares", "1"))
     assert res.returncode == 0, res.describe()
     result = json.loads((tmp_path / "result.json").read_text())
+    assert [k["step"] for k in _events(logs, "kill")] == [30]
+    assert {(e["rank"], e["step"]) for e in _events(logs, "recovered")} == {(0, 30), (1, 30), (3, 30)}
+    assert [(e["rank"], e["step"]) for e in _events(logs, "joined")] == [(4, 30)]
+    assert {e["step"] for e in _events(logs, "first_commit")} == {30}
+    assert [e["step"] for e in result["recoveries"]] == [30]
+    plot = importlib.util.find_spec("matplotlib") is not None
     proc = subprocess.run([sys.executable, "-m", "ftcomm.goodput.report_cli", str(logs), "--out",
-                           str(tmp_path / "report"), "--no-plot"],
+                           str(tmp_path / "report"), *([] if plot else ["--no-plot"])],
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-    assert (summary["initial_size"], summary["final_size"], summary["policy"]) == (4, 3, "shrink")
-    assert summary["ended"] is True and summary["ranks"] == [0, 1, 2, 3]
-    assert summary["steps"] == result["steps"] - 1 and summary["redone_steps"] == 1  # steps: iterations incl. the voided one
+    assert (summary["initial_size"], summary["final_size"], summary["policy"]) == (4, 4, "spares")
+    assert summary["ended"] is True and summary["ranks"] == [0, 1, 2, 3, 4]
+    assert summary["steps"] == result["steps"] and summary["redone_steps"] == result["redone_steps"] == 1
     [failure] = summary["failures"]
     assert (failure["step"], failure["lost_world_ranks"], failure["fail_time_from"]) == (30, [2], "kill event")
     assert 0 < failure["detection_s"] < failure["mttr_s"] < 10 and failure["redo_s"] > 0

@@ -41,7 +41,7 @@ def kill_run():
                 "replicate_s": 0.01} for r in range(4)]
     ev.append({"event": "kill", "rank": 2, "time": T0 + 0.52, "step": 6})
     for r, detected, done in ((0, 0.60, 0.66), (1, 0.61, 0.665), (3, 0.605, 0.662)):
-        ev.append(_recovered(r, done, detected, 5, [2], 4, 3, detection_s=detected - 0.5))
+        ev.append(_recovered(r, done, detected, 6, [2], 4, 3, detection_s=detected - 0.5))
     for s in range(6, 11):
         t = 0.78 + 0.12 * (s - 6)
         ev += [{"event": "commit", "rank": r, "time": T0 + t, "step": s, "world_size": 3, "replicate_s": 0.01}
@@ -61,7 +61,7 @@ def test_summary_of_a_known_run(tmp_path):
     # steady steps leave out the warm-up (steps 1, 2) and the interval with the failure (5 -> 6)
     assert s.step_s == {3: approx(0.12), 4: approx(0.1)} and s.replicate_s == {3: approx(0.01), 4: approx(0.01)}
     (f,) = s.failures
-    assert (f.step, f.lost_world_ranks, f.old_size, f.new_size, f.fail_time_from) == (5, [2], 4, 3, "kill event")
+    assert (f.step, f.lost_world_ranks, f.old_size, f.new_size, f.fail_time_from) == (6, [2], 4, 3, "kill event")
     assert f.pre_failure_s == approx(0.02)        # last commit +0.50, kill +0.52
     assert f.detection_s == approx(0.08)          # rank 0 saw it at +0.60
     assert (f.recover_s, f.rebuild_s) == (approx(0.02), approx(0.03))
@@ -125,7 +125,7 @@ def test_kill_logged_before_the_reference_rank_logs_the_last_commit(tmp_path):
             e["time"] = T0 + 0.525  # after the kill at +0.52
     _write(tmp_path, "", events)
     (f,) = summarize(load_run(tmp_path)).failures
-    assert (f.step, f.fail_time_from, f.last_commit_time) == (5, "kill event", approx(T0 + 0.525))
+    assert (f.step, f.fail_time_from, f.last_commit_time) == (6, "kill event", approx(T0 + 0.525))
     assert f.pre_failure_s == 0.0 and f.lost_s == approx(0.135)  # +0.525 -> +0.78 less one step at size 3
 
 
@@ -158,8 +158,8 @@ def test_disk_fallback_without_kill_events(tmp_path):
         ev += [{"event": "commit", "rank": r, "time": T0 + 0.1 * s, "step": s, "world_size": 4,
                 "replicate_s": 0.0} for r in range(4)]
     ev.append({"event": "checkpoint", "rank": 0, "time": T0 + 0.405, "step": 4, "seconds": 0.004})
-    ev += [_recovered(0, 0.90, 0.60, 4, [1, 2], 4, 2, detection_s=0.07, disk_restore=4),
-           _recovered(3, 0.91, 0.62, 4, [1, 2], 4, 2, detection_s=0.10, disk_restore=4)]
+    ev += [_recovered(0, 0.90, 0.60, 6, [1, 2], 4, 2, detection_s=0.07, disk_restore=4),
+           _recovered(3, 0.91, 0.62, 6, [1, 2], 4, 2, detection_s=0.10, disk_restore=4)]
     for s, t in ((5, 1.0), (6, 1.1), (7, 1.2), (8, 1.3)):
         ev += [{"event": "commit", "rank": r, "time": T0 + t, "step": s, "world_size": 2, "replicate_s": 0.0}
                for r in (0, 3)]
@@ -168,7 +168,7 @@ def test_disk_fallback_without_kill_events(tmp_path):
     s = summarize(load_run(tmp_path))
     (f,) = s.failures
     assert f.fail_time_from == "failed phase start" and f.fail_time == approx(T0 + 0.52)  # min(0.60-0.07, 0.62-0.10)
-    assert (f.step, f.disk_restore, f.redone_steps) == (5, 4, 2)
+    assert (f.step, f.disk_restore, f.redone_steps) == (6, 4, 2)
     assert f.first_commit_time == approx(T0 + 1.0) and f.regained_time == approx(T0 + 1.1)
     assert s.step_s[2] == approx(0.1) and f.lost_s == approx(1.1 - 0.5 - 0.1)
     assert s.checkpoint_s == approx(0.004) and s.steps == 8 and s.commits == 9  # step 5 committed twice
@@ -241,3 +241,31 @@ def _fresh(tmp_path, events):
     directory.mkdir()
     _write(directory, "77.", events)
     return directory
+
+
+def test_timeline_legend_beside_the_panels_joined_dot_and_labelled_zoom(tmp_path):
+    """The legend overlaps no panel, a spare's "joined" is a dot on its row (named in the
+    legend), and every zoomed panel's x axis says what it counts."""
+    pytest.importorskip("matplotlib")
+    from ftcomm.goodput import timeline
+
+    events = kill_run() + [{"event": "joined", "rank": 4, "time": T0 + 0.66, "step": 6, "world_size": 3}]
+    events += [{"event": "commit", "rank": 4, "time": T0 + 0.78 + 0.12 * (s - 6), "step": s, "world_size": 3}
+               for s in range(6, 11)]
+    _write(tmp_path, "5.", events)
+    run = load_run(tmp_path, "5.")
+    fig = timeline.figure(run, summarize(run))
+    fig.canvas.draw()
+    top, *others = fig.axes
+    legend = top.get_legend()
+    names = [t.get_text() for t in legend.get_texts()]
+    assert "spare joined" in names and "rank died" in names, names
+    box = legend.get_window_extent()
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent()), (names, ax.get_title())
+    row_of_4 = summarize(run).ranks.index(4)
+    dots = [line for line in top.get_lines() if line.get_marker() == "o" and list(line.get_ydata()) == [row_of_4]]
+    assert len(dots) == 1 and list(dots[0].get_xdata()) == [approx(0.66)]
+    zooms = [ax for ax in fig.axes if ax.get_title().startswith("step ")]
+    assert [ax.get_title()[:8] for ax in zooms] == ["step 6: "]
+    assert all(ax.get_xlabel() == "seconds since the start of world rank 0" for ax in zooms)
