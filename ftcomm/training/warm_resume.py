@@ -140,7 +140,8 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     Returns:
         None when this is not a relaunch, there is no node memory, or no step is complete; else
         {"step", "from_world_size", "bytes_read" (this rank's copies), "bytes_moved" (whole job),
-        "phases": {"list_s", "agree_s", "move_s", "finish_s"}}.
+        "phases": {"list_s", "agree_s", "move_s", "finish_s" and, within the finish,
+        "allgather_s", "replicate_s"}}.
 
     Raises:
         ProcFailedError etc.: a failure during the resume, on every rank; nothing changed.
@@ -194,13 +195,14 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
         ok = False  # a damaged header: the resume fails everywhere (finish agrees) and is tried again
     meta = (decoded or {}).get("extra", {})
     opt.scalars = scalars
-    rebuild.finish(opt, comm, new, live, step, meta, ok)
+    finish_phases = {}
+    rebuild.finish(opt, comm, new, live, step, meta, ok, finish_phases)
     t4 = time.perf_counter()
     remove_earlier(opt.memory, comm, launch, table)
     opt.phase = None
     return {"step": step, "from_world_size": old.size, "fetched": fetched, "bytes_read": sum(s.nbytes for _, s in held.values()),
             "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]),
-            "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3}}
+            "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3, **finish_phases}}
 
 
 def report(log, step: int, comm, found: dict) -> None:
