@@ -204,7 +204,7 @@ def worker(args) -> None:
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     import ftcomm.torch
-    from ftcomm.torch import checkpoint as torch_checkpoint
+    from ftcomm.torch.loop import checkpoint as torch_checkpoint
 
     imports_done = time.time()
     dist.init_process_group("ftcomm")

@@ -2,7 +2,7 @@
 
 Each job holds two process groups over the same ranks, ftcomm (the default group) and gloo (a
 second group over the same TCP store: 127.0.0.1 and a port agreed through an MPI broadcast, see
-ftcomm/torch/rendezvous.py), and two identical DDP replicas of one MLP, one per group. Rounds
+ftcomm/torch/group/rendezvous.py), and two identical DDP replicas of one MLP, one per group. Rounds
 alternate which backend goes first; each round times ``--steps`` full training steps (forward,
 backward with DDP's gradient allreduce, AdamW) per backend. Reported: median step time per
 backend and the ratio ftcomm / gloo (below 1.0 = ftcomm faster). A "compute" replica, the same
@@ -10,11 +10,11 @@ model without DDP (no communication at all), runs in the same rounds: its step t
 any backend's could reach on this machine, and ``floor`` = compute / gloo is the lowest ratio
 ftcomm / gloo possible. ``--grad-outliers`` adds a
 third replica on the ftcomm group with the gradient outlier check's comm hook (each rank's bucket
-norm sent along with the bucket, ``ftcomm/torch/grad_outliers.py``) and reports its cost against
+norm sent along with the bucket, ``ftcomm/torch/checks/grad_outliers.py``) and reports its cost against
 plain ftcomm, measured in the same rounds. ``--checksums`` likewise adds a replica whose steps
 run with the allreduce's transit guard on (FTCOMM_CHECKSUMS set around its steps on every rank)
 and reports the guard's cost. Every replica's steps run inside ``ftcomm.torch.resilient(...)``, as
-a user's would, so ftcomm's gradient buckets commit once per training step (step_commit.py);
+a user's would, so ftcomm's gradient buckets commit once per training step (ftcomm/torch/group/step_commit.py);
 ``--per-bucket`` adds a replica whose buckets each commit on their own (FTCOMM_STEP_COMMIT=0
 around its steps on every rank) and reports what the step-level commit saves against it.
 
@@ -97,8 +97,8 @@ def worker(args) -> None:
     replicas["compute"] = (local, torch.optim.AdamW(local.parameters(), lr=1e-3))
     lanes = [*groups, "compute"]
     if args.grad_outliers:
-        from ftcomm.torch.grad_outliers import GradOutlierCheck, ddp_hook
-        from ftcomm.torch.process_group import ftcomm_group
+        from ftcomm.torch.checks.grad_outliers import GradOutlierCheck, ddp_hook
+        from ftcomm.torch.group.process_group import ftcomm_group
 
         replicas["ftcomm+norms"][0].register_comm_hook(
             None, ddp_hook(GradOutlierCheck("log"), ftcomm_group(groups["ftcomm"], "benchmark")))

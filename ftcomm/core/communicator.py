@@ -366,7 +366,7 @@ class Communicator:
                 (ProcFailedError, RevokedError, CollectiveTimeoutError) while another rank may have
                 succeeded; its buffers then hold no defined value. The caller makes the outcome
                 uniform with one ``agree`` over several such calls (the torch backend's step-level
-                commit: a training step's gradient buckets, ftcomm/torch/step_commit.py). Must be the
+                commit: a training step's gradient buckets, ftcomm/torch/group/step_commit.py). Must be the
                 same on every rank; checksums and fingerprints must be off (their verdict rides in
                 the commit agreement).
 

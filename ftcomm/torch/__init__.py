@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from .. import settings
 from ..core.events import RecoveryEvent
-from .backend import DEVICES, create_process_group, recovery_policy, register
-from .executor import EXECUTOR
-from .loader import ResilientLoader, resilient
-from .process_group import BACKEND_NAME, SUPPORTED, ProcessGroupFtcomm
-from .rendezvous import apply_env_defaults, enter_spare_pool
-from .step_state import recoveries
-from .work import FtWork
-from .zero import ZeroRedundancyOptimizer
+from .group.backend import DEVICES, create_process_group, recovery_policy, register
+from .group.executor import EXECUTOR
+from .group.process_group import BACKEND_NAME, SUPPORTED, ProcessGroupFtcomm
+from .group.rendezvous import apply_env_defaults, enter_spare_pool
+from .group.step_state import recoveries
+from .group.work import FtWork
+from .loop.loader import ResilientLoader, resilient
+from .zero.optimizer import ZeroRedundancyOptimizer
 
 register()
 if settings.torch_env():

@@ -9,7 +9,7 @@ disk. The in-memory checkpoints of Gemini (Wang et al., SOSP'23) keep state in h
 outside the training processes the same way; here no agent process and no extra copy are
 needed: the buffers the sharded optimizer steps in *are* the segments. A torch loop with a plain
 optimizer keeps its whole model and optimizer state in one segment the same way
-(``ftcomm/torch/model_memory.py``: ``ModelCopy``).
+(``ftcomm/torch/loop/model_memory.py``: ``ModelCopy``).
 
 One segment per buffer (a live or staging shard, a replica, a model copy): a file
 

@@ -19,7 +19,7 @@ finds every lost shard in a buddy's replica, verifies its checksum, re-shards th
 new world size, re-replicates and agrees (ftcomm/training/rebuild.py). No disk I/O on that path.
 
 State on a device. By default the shard is updated in host memory by torch's CPU kernels. Given a
-``device`` (``ftcomm.torch.device_shard.DeviceShard`` for a model on a GPU), the live shard also
+``device`` (``ftcomm.torch.zero.device_shard.DeviceShard`` for a model on a GPU), the live shard also
 has a copy in device memory that torch's device kernels update; step 2 then runs on the device
 and its result is copied into the host ``staging`` shard (parameters first, for the allgather,
 then the state slots, for the replicas, overlapping the allgather). The host arrays stay the

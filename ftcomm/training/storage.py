@@ -14,7 +14,7 @@ first shrink then touches no new memory; a later one allocates again, with room 
 Cost: ``(N / (N-1) - 1)`` more memory for those buffers, a third at 4 ranks, 1.6% at 64.
 
 Where the memory comes from is the caller's choice (``zeros``): plain numpy memory by default;
-the buffers that a GPU's copies touch are page-locked (``ftcomm/torch/device_shard.py``).
+the buffers that a GPU's copies touch are page-locked (``ftcomm/torch/zero/device_shard.py``).
 """
 from __future__ import annotations
 

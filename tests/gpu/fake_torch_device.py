@@ -1,4 +1,4 @@
-"""A stand-in for CUDA under the torch backend's staging (ftcomm/torch/device.py), so that its
+"""A stand-in for CUDA under the torch backend's staging (ftcomm/torch/group/device.py), so that its
 logic runs on machines without a GPU: host tensors marked with ``mark`` count as device tensors,
 and a stream is modelled by the work queued on it. ``launch(fn, delay)`` is a kernel: it runs
 ``fn`` on a thread after ``delay`` seconds, as a kernel runs on the GPU after the host queued it;
@@ -39,7 +39,7 @@ class FakeTorchDevice:
         with self._lock:
             self.events.append(what)
 
-    # -- the operations ftcomm.torch.device calls ------------------------------------------
+    # -- the operations ftcomm.torch.group.device calls ------------------------------------------
     def is_device(self, t: torch.Tensor) -> bool:
         return id(t) in self._marked
 
@@ -67,7 +67,7 @@ class FakeTorchDevice:
     def future_devices(self, tensors: list) -> list:
         return []  # host tensors: a plain future
 
-    # -- a shard of optimizer state on the device (ftcomm/torch/device_shard.py) ---------------
+    # -- a shard of optimizer state on the device (ftcomm/torch/zero/device_shard.py) ---------------
     def empty_on(self, dev, shape: tuple) -> torch.Tensor:
         self._log("empty_on")
         return self.mark(torch.empty(shape, dtype=torch.float32))

@@ -1,4 +1,4 @@
-"""``DeviceShard`` (ftcomm/torch/device_shard.py) on one process with a stand-in device: the shard's
+"""``DeviceShard`` (ftcomm/torch/zero/device_shard.py) on one process with a stand-in device: the shard's
 gradient slice, the step into host memory, and host buffers over torch-owned (page-locked on a
 GPU machine) memory. Runs everywhere."""
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fake_torch_device import FakeTorchDevice  # noqa: E402
-from ftcomm.torch import device  # noqa: E402
-from ftcomm.torch.device_shard import DeviceShard  # noqa: E402
+from ftcomm.torch.group import device  # noqa: E402
+from ftcomm.torch.zero.device_shard import DeviceShard  # noqa: E402
 from ftcomm.training import storage  # noqa: E402
 from ftcomm.training.layout import ShardLayout  # noqa: E402
 from ftcomm.training.stepper import GroupRange, ShardStepper  # noqa: E402

@@ -1,6 +1,6 @@
 """The torch backend's collectives on CUDA tensors, run on CPU-only machines: host tensors stand
 in for device tensors (tests/gpu/fake_torch_device.py) through the same staging code
-(ftcomm/torch/device.py) that a GPU runs with CUDA events and pinned copies."""
+(ftcomm/torch/group/device.py) that a GPU runs with CUDA events and pinned copies."""
 import pytest
 
 pytest.importorskip("torch")

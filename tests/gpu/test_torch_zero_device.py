@@ -1,5 +1,5 @@
 """``ZeroRedundancyOptimizer`` with the model on a (stand-in) device: the shard's state on the
-device (ftcomm/torch/device_shard.py) or offloaded to the host (ftcomm/torch/host_master.py); the
+device (ftcomm/torch/zero/device_shard.py) or offloaded to the host (ftcomm/torch/zero/host_master.py); the
 device parameters receive each committed step. Runs on CPU with tests/gpu/fake_torch_device.py."""
 import pytest
 

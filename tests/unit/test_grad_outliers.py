@@ -1,4 +1,4 @@
-"""The gradient outlier check's verdicts (ftcomm/torch/grad_outliers.py) on norms whose answer is
+"""The gradient outlier check's verdicts (ftcomm/torch/checks/grad_outliers.py) on norms whose answer is
 known, its policies, and the exponent flip used to inject silent corruption into a gradient."""
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ftcomm.core import fault
-from ftcomm.torch.grad_outliers import GradOutlierCheck, flip_exponent, outliers
-from ftcomm.torch.loader import ResilientLoader
+from ftcomm.torch.checks.grad_outliers import GradOutlierCheck, flip_exponent, outliers
+from ftcomm.torch.loop.loader import ResilientLoader
 
 
 def test_outliers_against_the_median_of_the_others():

@@ -19,7 +19,10 @@ LAYERS = {
     "ftcomm.core": 1,
     "ftcomm.membership": 2,
     "ftcomm.training": 3,
-    "ftcomm.torch": 4,
+    # ftcomm.torch by concern, bottom up: the process group, ZeRO on it, the state checks, the
+    # training loop; the package's own __init__ re-exports them
+    "ftcomm.torch.group": 4.0, "ftcomm.torch.zero": 4.1, "ftcomm.torch.checks": 4.2, "ftcomm.torch.loop": 4.3,
+    "ftcomm.torch": 4.4,
     "ftcomm.launch": 5,
     "ftcomm.goodput": 5,  # reads logs and models runs: needs no layer below
     "ftcomm": 6,  # the package's facade re-exports every layer

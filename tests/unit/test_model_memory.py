@@ -1,4 +1,4 @@
-"""A plain optimizer's model and state kept in place in a node segment (ftcomm/torch/model_memory.py):
+"""A plain optimizer's model and state kept in place in a node segment (ftcomm/torch/loop/model_memory.py):
 one process, files under tmp_path. The relaunch that resumes from it runs in
 tests/fault/test_relaunch_resume.py."""
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ftcomm import segment_paths  # noqa: E402
-from ftcomm.torch.model_memory import ModelMemory  # noqa: E402
-from ftcomm.torch.step_state import STATE  # noqa: E402
+from ftcomm.torch.loop.model_memory import ModelMemory  # noqa: E402
+from ftcomm.torch.group.step_state import STATE  # noqa: E402
 from ftcomm.training import node_memory  # noqa: E402
 
 

@@ -8,9 +8,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import ftcomm.torch as ft  # noqa: E402
-from ftcomm.torch import resplit  # noqa: E402
-from ftcomm.torch.step_state import STATE, install_hook  # noqa: E402
-from ftcomm.torch.work import FtWork, make_future  # noqa: E402
+from ftcomm.torch.loop import resplit  # noqa: E402
+from ftcomm.torch.group.step_state import STATE, install_hook  # noqa: E402
+from ftcomm.torch.group.work import FtWork, make_future  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_backend_registered_and_env_defaults():
 
 
 def test_rendezvous_port_is_free_and_below_the_ephemeral_range():
-    from ftcomm.torch import rendezvous
+    from ftcomm.torch.group import rendezvous
 
     ports = {rendezvous.free_port("127.0.0.1") for _ in range(5)}
     assert all(1024 <= p < rendezvous._ephemeral_start() and rendezvous._bindable("127.0.0.1", p) for p in ports)

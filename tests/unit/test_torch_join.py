@@ -1,4 +1,4 @@
-"""One-process checks of the pieces that let a promoted spare join a DDP job (ftcomm/torch/join.py):
+"""One-process checks of the pieces that let a promoted spare join a DDP job (ftcomm/torch/loop/join.py):
 a joining group completes DDP's constructor collectives locally and refuses reductions, the
 hand-over payload restores model, optimizer, scheduler and RNG bitwise, a newcomer with another
 model is refused, a loop a spare could not join is refused, and the backend's policy choice."""
@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import ftcomm  # noqa: E402
 import ftcomm.torch as ft  # noqa: E402
-from ftcomm.torch import join  # noqa: E402
+from ftcomm.torch.loop import join  # noqa: E402
 
 
 def make_model(seed: int, hidden: int = 8):

@@ -5,7 +5,7 @@ receives the model and optimizer state through the hand-over (state dicts move t
 memory; the newcomer's tensors land on its own device).
 
 ``--zero``: the optimizer is ``ftcomm.torch.ZeroRedundancyOptimizer`` (on a GPU its shard's state
-lives on the device, ftcomm/torch/device_shard.py; ``--offload`` keeps it on the host); with a
+lives on the device, ftcomm/torch/zero/device_shard.py; ``--offload`` keeps it on the host); with a
 spare, the newcomer takes its shard from a buddy's replica.
 
 Reports "final" on every rank that finishes: world size, steps applied and redone, digests of the

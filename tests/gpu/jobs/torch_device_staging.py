@@ -15,7 +15,7 @@ import torch.distributed as dist
 import ftcomm
 import ftcomm.torch  # noqa: F401  (registers "ftcomm")
 from fake_torch_device import FakeTorchDevice
-from ftcomm.torch import device
+from ftcomm.torch.group import device
 from harness import report
 
 dist.init_process_group("ftcomm")

@@ -1,8 +1,8 @@
 """Job (4 ranks): ``ftcomm.torch.ZeroRedundancyOptimizer`` with the model's parameters on a stand-in
 device (tests/gpu/fake_torch_device.py: host tensors the backend treats as device tensors, and
 shard copies to the host that land on a thread after a delay, as on a side stream), so that the
-device paths run without a GPU: the shard's state on the device (ftcomm/torch/device_shard.py,
-the default) and, with ``offload``, on the host (ftcomm/torch/host_master.py).
+device paths run without a GPU: the shard's state on the device (ftcomm/torch/zero/device_shard.py,
+the default) and, with ``offload``, on the host (ftcomm/torch/zero/host_master.py).
 
 compare: a host model, a "device" model and an offloaded "device" model, same seeds, same
     batches, DDP and AdamW ZeRO each; reports the largest difference of each device model's
@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ftcomm.torch
 from fake_torch_device import FakeTorchDevice
-from ftcomm.torch import device
+from ftcomm.torch.group import device
 from harness import ddp_toy_data, report
 
 dist.init_process_group("ftcomm")

@@ -23,7 +23,7 @@ import os
 import random
 import socket
 
-from ..membership.world import world
+from ...membership.world import world
 
 _active: list = []         # under spares: the active Communicator from ftcomm.world(), for the factory
 _private_store: list = []  # a promoted spare's own TCP store (kept alive with the process)

@@ -13,7 +13,7 @@ import atexit
 import queue
 import threading
 
-from .. import settings
+from ... import settings
 
 
 class Executor:

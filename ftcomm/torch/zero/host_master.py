@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import device
+from ..group import device
 
 
 class HostMaster:

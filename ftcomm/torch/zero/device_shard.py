@@ -34,8 +34,8 @@ import math
 import numpy as np
 import torch
 
-from ..training import storage
-from . import device
+from ...training import storage
+from ..group import device
 
 
 def _pinned_zeros(n: int) -> np.ndarray:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import settings
-from ..core import fault
-from ..errors import CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError
+from ... import settings
+from ...core import fault
+from ...errors import CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError
 from .step_state import in_gradient_phase, pend_commit
 
 

@@ -24,13 +24,13 @@ import time
 
 import torch
 
-from .. import settings
-from ..core.outcome import agreed
-from ..training import node_memory
-from ..training.warm_resume import allgather_json
+from ... import settings
+from ...core.outcome import agreed
+from ...training import node_memory
+from ...training.warm_resume import allgather_json
+from ..zero.optimizer import ZeroRedundancyOptimizer, group_settings, take_group_settings
 from .checkpoint import rng_states, set_rng_states
 from .model_memory import ModelMemory
-from .zero import ZeroRedundancyOptimizer, group_settings, take_group_settings
 
 BLOB = "torch-loop"
 

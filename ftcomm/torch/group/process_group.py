@@ -33,11 +33,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import settings
-from ..core.events import between
-from ..core.outcome import agreed, redone_on_corruption, retrying
-from ..errors import FtError, ProcFailedError, RevokedError
-from ..membership import spares
+from ... import settings
+from ...core.events import between
+from ...core.outcome import agreed, redone_on_corruption, retrying
+from ...errors import FtError, ProcFailedError, RevokedError
+from ...membership import spares
 from .device import Staging
 from .executor import EXECUTOR
 from .step_commit import StepCommit

@@ -41,19 +41,19 @@ import weakref
 
 import torch
 
-from .. import settings
-from ..core import runtime
-from ..errors import FtError
-from ..training import warm_resume
-from ..training.events import EventLog
+from ... import settings
+from ...core import runtime
+from ...errors import FtError
+from ...training import warm_resume
+from ...training.events import EventLog
+from ..checks.divergence import DivergenceGuard
+from ..checks.grad_outliers import GradOutlierCheck, ddp_hook
+from ..group.executor import EXECUTOR
+from ..group.process_group import ftcomm_group
+from ..group.step_state import STATE, end_step, install_hook, recoveries, unpoison
 from . import join, resplit
 from .checkpoint import LoopCheckpoints
 from .checkpoint import entries as checkpoint_entries
-from .divergence import DivergenceGuard
-from .executor import EXECUTOR
-from .grad_outliers import GradOutlierCheck, ddp_hook
-from .process_group import ftcomm_group
-from .step_state import STATE, end_step, install_hook, recoveries, unpoison
 from .warm import LoopMemory
 
 

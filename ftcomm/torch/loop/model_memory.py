@@ -34,13 +34,13 @@ import time
 import numpy as np
 import torch
 
-from .. import settings
-from ..core.outcome import agreed
-from ..membership import nodes
-from ..training import node_memory
-from ..training.replica import checksum, pack_header
-from ..training.warm_resume import allgather_json, node_ranks, remove_earlier
-from .step_state import step_voided
+from ... import settings
+from ...core.outcome import agreed
+from ...membership import nodes
+from ...training import node_memory
+from ...training.replica import checksum, pack_header
+from ...training.warm_resume import allgather_json, node_ranks, remove_earlier
+from ..group.step_state import step_voided
 
 ALIGN = 64  # bytes between tensors in a segment: any dtype's view stays aligned
 
@@ -100,7 +100,7 @@ class ModelMemory:
         self._views = []       # the tensors the model and optimizer use, in layout order
         self._values = {}
         self._layout_place = (0, 0)  # (byte offset, bytes) of the pickled layout
-        self._world = (0, 1)   # (world rank, world size) the copy was written at
+        self._written_at = (0, 1)   # (world rank, world size) the copy was written at
         self._sealing = None   # the thread checksumming the committed state
         optimizer.register_step_pre_hook(self._before_update)
 
@@ -117,14 +117,14 @@ class ModelMemory:
             self._adopt()
         if self._data is None:
             return  # no room in the node's memory: nothing is kept
-        self.committed_step, self._world = step, (world_rank, world_size)
+        self.committed_step, self._written_at = step, (world_rank, world_size)
         self._sealing = threading.Thread(target=self._seal, args=(step,), name="ftcomm-model-memory", daemon=True)
         self._sealing.start()
 
     def _seal(self, step: int, digest: int | None = None) -> None:
         layout_offset, layout_nbytes = self._layout_place
         nbytes = layout_offset + layout_nbytes
-        meta = {"model": self.memory.engine, "step": step, "world_rank": self._world[0], "world_size": self._world[1],
+        meta = {"model": self.memory.engine, "step": step, "world_rank": self._written_at[0], "world_size": self._written_at[1],
                 "nbytes": nbytes, "xxh3": checksum(self._data[:nbytes]) if digest is None else digest,
                 "layout_offset": layout_offset, "layout_nbytes": layout_nbytes}
         self.memory.mark(self._words, step, pack_header(meta))
@@ -272,5 +272,5 @@ class ModelMemory:
         self._layout_place, self._values = (offset, length), described["values"]
         self._views = _views(incoming, described["layout"])
         self._point(described["layout"])
-        self.committed_step, self._world = step, (comm.world_rank, comm.size)
+        self.committed_step, self._written_at = step, (comm.world_rank, comm.size)
         self._seal(step, digest=meta["xxh3"])

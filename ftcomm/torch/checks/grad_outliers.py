@@ -44,8 +44,8 @@ import threading
 import torch
 from mpi4py import MPI
 
-from ..core import fault
-from ..core.events import CorruptionEvent, record_corruption
+from ...core import fault
+from ...core.events import CorruptionEvent, record_corruption
 
 POLICIES = ("log", "redo")
 CHECKED = "gradient norm outlier"

@@ -27,12 +27,12 @@ import sys
 
 import torch
 
-from ..core import fault
-from ..core.events import CorruptionEvent, record_corruption
-from ..core.fingerprint import compare, digest
-from ..errors import FtError, SilentCorruptionError, StateLostError
-from .join import _module
-from .zero import ZeroRedundancyOptimizer
+from ...core import fault
+from ...core.events import CorruptionEvent, record_corruption
+from ...core.fingerprint import compare, digest
+from ...errors import FtError, SilentCorruptionError, StateLostError
+from ..group.models import unwrap
+from ..zero.optimizer import ZeroRedundancyOptimizer
 
 CHECKED = "parameter fingerprints"
 
@@ -45,7 +45,7 @@ def _host(t: torch.Tensor) -> torch.Tensor:
 def state_tensors(model, optimizer) -> list:
     """The tensors that DDP keeps equal on every rank: the model's state_dict (parameters and
     buffers) and the optimizer's per-parameter state (not a sharded optimizer's), on the host."""
-    out = [_host(t) for t in _module(model).state_dict().values() if isinstance(t, torch.Tensor)]
+    out = [_host(t) for t in unwrap(model).state_dict().values() if isinstance(t, torch.Tensor)]
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
         for state in optimizer.state.values():
             out += [_host(v) for v in state.values() if isinstance(v, torch.Tensor)]
@@ -80,7 +80,7 @@ class DivergenceGuard:
                 raise
             except FtError:
                 return
-        first = next(iter(_module(model).parameters()), None)
+        first = next(iter(unwrap(model).parameters()), None)
         if first is not None and first.device.type == "cpu":  # tests: a flip in this rank's memory
             fault.flip("params", comm.world_rank, step, first.data)
         try:
@@ -118,7 +118,7 @@ class DivergenceGuard:
             buf = io.BytesIO()
             opt_state = optimizer.state_dict() if optimizer is not None and not isinstance(
                 optimizer, ZeroRedundancyOptimizer) else None
-            torch.save({"model": _module(model).state_dict(), "optimizer": opt_state}, buf)
+            torch.save({"model": unwrap(model).state_dict(), "optimizer": opt_state}, buf)
             payload = buf.getvalue()
         payload = comm.broadcast_bytes(payload, root, timeout=timeout)
         if not suspect:
@@ -126,6 +126,6 @@ class DivergenceGuard:
         # weights_only=False: the payload comes from this job's own ranks, not from a file.
         blob = torch.load(io.BytesIO(payload), weights_only=False, map_location="cpu")
         with torch.no_grad():
-            _module(model).load_state_dict(blob["model"], strict=True)
+            unwrap(model).load_state_dict(blob["model"], strict=True)
         if blob["optimizer"] is not None:
             optimizer.load_state_dict(blob["optimizer"])

@@ -33,12 +33,13 @@ import time
 import numpy as np
 import torch
 
-from .. import settings
-from ..core import fault
-from ..errors import (CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError, RevokedError,
+from ... import settings
+from ...core import fault
+from ...errors import (CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError, RevokedError,
                       StateLostError)
-from .step_state import note_handover
-from .zero import ZeroRedundancyOptimizer
+from ..group.models import unwrap
+from ..group.step_state import note_handover
+from ..zero.optimizer import ZeroRedundancyOptimizer
 
 log = logging.getLogger("ftcomm.recovery")
 
@@ -122,15 +123,12 @@ def _exchange(comm, model, optimizer, extra_state, loader_state, arrival_timeout
         return None, False
 
 
-def _module(model):
-    return getattr(model, "module", model)
-
 
 def _pack(model, optimizer, extra_state, loader_state) -> bytes:
     """The payload, every tensor in host memory: the newcomer's ``load_state_dict`` copies them
     onto its own devices (which need not be the survivor's device indices)."""
     buf = io.BytesIO()
-    torch.save(_on_host({"model": _module(model).state_dict(), "optimizer": _optimizer_state(optimizer),
+    torch.save(_on_host({"model": unwrap(model).state_dict(), "optimizer": _optimizer_state(optimizer),
                          "kinds": _kinds(optimizer, extra_state), "extra": [obj.state_dict() for obj in extra_state],
                          "rng": torch.get_rng_state(), "loader": loader_state}), buf)
     return buf.getvalue()
@@ -173,7 +171,7 @@ def _unpack(payload: bytes, model, optimizer, extra_state) -> dict:
         raise ValueError(f"the survivors have optimizer / extra state {blob['kinds']}, this newcomer "
                          f"{_kinds(optimizer, extra_state)}")
     with torch.no_grad():
-        _module(model).load_state_dict(blob["model"], strict=True)
+        unwrap(model).load_state_dict(blob["model"], strict=True)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.take_settings(blob["optimizer"])
     else:

@@ -34,16 +34,16 @@ import time
 import numpy as np
 import torch
 
-from ..errors import CollectiveTimeoutError, ProcFailedError, RevokedError
-from ..core.outcome import retrying
-from ..training import ShardedOptimizer
-from ..training import warm_resume
-from ..training.stepper import probe, resolve
-from .executor import EXECUTOR
+from ...core.outcome import retrying
+from ...errors import CollectiveTimeoutError, ProcFailedError, RevokedError
+from ...training import ShardedOptimizer
+from ...training import warm_resume
+from ...training.stepper import probe, resolve
+from ..group.executor import EXECUTOR
+from ..group.process_group import ftcomm_group
+from ..group.step_state import step_voided, void_current_step
 from .device_shard import DeviceShard
 from .host_master import HostMaster
-from .process_group import ftcomm_group
-from .step_state import step_voided, void_current_step
 
 _FAILURES = (ProcFailedError, RevokedError, CollectiveTimeoutError)
 

@@ -8,9 +8,9 @@ import zlib
 
 import torch.distributed as dist
 
-from .. import settings
-from ..core.codes import Tag
-from ..core.communicator import Communicator
+from ... import settings
+from ...core.codes import Tag
+from ...core.communicator import Communicator
 from .process_group import BACKEND_NAME, SUPPORTED_DEVICES, ProcessGroupFtcomm
 from .rendezvous import take_active_comm
 

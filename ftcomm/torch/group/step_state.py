@@ -12,7 +12,7 @@ import threading
 
 import torch.optim.optimizer as _optim
 
-from ..core.events import RecoveryEvent
+from ...core.events import RecoveryEvent
 from .executor import EXECUTOR
 
 

@@ -29,18 +29,16 @@ import time
 
 import torch
 
-from ..errors import FtError, InvalidInputError
-from ..training.checkpoint import AsyncCheckpointer, Blob
-from ..training.checkpoint import sharded
-from ..training.checkpoint.dcp_parts import read, read_metadata
-from ..training.checkpoint.resume import load_newest
-from .zero import ZeroRedundancyOptimizer
+from ...errors import FtError, InvalidInputError
+from ...training.checkpoint import AsyncCheckpointer, Blob
+from ...training.checkpoint import sharded
+from ...training.checkpoint.dcp_parts import read, read_metadata
+from ...training.checkpoint.resume import load_newest
+from ..group.models import unwrap
+from ..zero.optimizer import ZeroRedundancyOptimizer
 
 FORMAT = 1
 
-
-def _module(model):
-    return getattr(model, "module", model)
 
 
 def _kinds(optimizer, extra_state) -> list:
@@ -84,7 +82,7 @@ def _optimizer_entries(optimizer, rank: int, size: int) -> dict:
 def entries(pg, model, optimizer, extra_state, loader_state: dict) -> dict:
     """This rank's part of a checkpoint of the loop's state (see the module docstring)."""
     rank, size, world_rank = pg.comm.rank, pg.comm.size, pg.comm.world_rank
-    out = sharded.model_entries(_module(model).state_dict(), rank, size)
+    out = sharded.model_entries(unwrap(model).state_dict(), rank, size)
     out.update(_optimizer_entries(optimizer, rank, size))
     out[f"rng.{world_rank}"] = Blob(rng_states())
     if rank == 0:
@@ -120,7 +118,7 @@ def _read_local(path: str, pg, model, optimizer, extra_state) -> dict:
     rng_rank = pg.comm.world_rank if f"rng.{pg.comm.world_rank}" in index else record["world_ranks"][0]
     names = ("loader", f"rng.{rng_rank}", *(f"extra.{i}" for i in range(len(extra_state))))
     loaded = {"objects": read(path, {}, objects=names), "rng": f"rng.{rng_rank}",
-              "bytes": sharded.read_model(path, _module(model).state_dict())}
+              "bytes": sharded.read_model(path, unwrap(model).state_dict())}
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         loaded["settings"] = read(path, {}, objects=("optim.param_groups",))["optim.param_groups"]
         loaded["shard"] = sharded.read_optimizer(optimizer.sharded, path, pg.comm)
