@@ -17,12 +17,16 @@ and reports the guard's cost. Every replica's steps run inside ``ftcomm.torch.re
 a user's would, so ftcomm's gradient buckets commit once per training step (ftcomm/torch/group/step_commit.py);
 ``--per-bucket`` adds a replica whose buckets each commit on their own (FTCOMM_STEP_COMMIT=0
 around its steps on every rank) and reports what the step-level commit saves against it.
+``--gloo-plane`` adds a replica on a second ftcomm group whose buckets go through an inner gloo
+group (FTCOMM_DATA_PLANE=gloo when it is made, ftcomm/torch/group/gloo_plane.py) under ftcomm's
+control plane (one agreement per step): against plain gloo, that is the control plane's whole cost.
 
     python benchmarks/ddp.py                      # 2 and 4 ranks, prints a table, writes results/
     python benchmarks/ddp.py --ranks 2 --hidden 2048 --rounds 10
     python benchmarks/ddp.py --grad-outliers      # also the outlier check's cost
     python benchmarks/ddp.py --per-bucket         # also one commit per bucket (the step commit's gain)
     python benchmarks/ddp.py --checksums --hidden 2048 --layers 3   # the transit guard's cost, 10M parameters
+    python benchmarks/ddp.py --gloo-plane         # gloo as the data plane under ftcomm's control plane
 
 Writes results/ddp-<time>.json (the directory is git-ignored).
 """
@@ -54,6 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--grad-outliers", action="store_true", help="also time ftcomm with the gradient outlier check")
     p.add_argument("--checksums", action="store_true", help="also time ftcomm with the allreduce's transit guard")
     p.add_argument("--per-bucket", action="store_true", help="also time ftcomm with one commit per bucket")
+    p.add_argument("--gloo-plane", action="store_true", help="also time ftcomm with gloo as its data plane")
     p.add_argument("--out", help="JSON output path (default results/ddp-<time>.json)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # inside the MPI job: write results here
     return p.parse_args(argv)
@@ -89,6 +94,10 @@ def worker(args) -> None:
         groups["ftcomm+checksums"] = groups["ftcomm"]
     if args.per_bucket:
         groups["ftcomm-per-bucket"] = groups["ftcomm"]
+    if args.gloo_plane:  # a group's data plane is chosen when it is made
+        os.environ["FTCOMM_DATA_PLANE"] = "gloo"
+        groups["ftcomm/gloo-plane"] = dist.new_group(backend="ftcomm")
+        os.environ["FTCOMM_DATA_PLANE"] = "ring"
     replicas = {}
     for name, group in groups.items():
         model = DDP(make_model(), process_group=group)
@@ -148,6 +157,9 @@ def worker(args) -> None:
         if args.checksums:
             result["checksums_cost"] = statistics.median(
                 a / b for a, b in zip(result["ftcomm+checksums_s"], result["ftcomm_s"])) - 1
+        if args.gloo_plane:  # per round, as above: the control plane's cost over plain gloo
+            result["gloo_plane_cost"] = statistics.median(
+                a / b for a, b in zip(result["ftcomm/gloo-plane_s"], result["gloo_s"])) - 1
         if args.per_bucket:
             result["per_bucket_ratio"] = result["ftcomm-per-bucket_median_s"] / result["gloo_median_s"]
             result["step_commit_gain"] = 1 - statistics.median(
@@ -173,7 +185,7 @@ def main(argv=None) -> int:
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)] + \
                 (["--grad-outliers"] if args.grad_outliers else []) + (["--checksums"] if args.checksums else []) + \
-                (["--per-bucket"] if args.per_bucket else [])
+                (["--per-bucket"] if args.per_bucket else []) + (["--gloo-plane"] if args.gloo_plane else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
             if proc.returncode != 0 or not out.exists():
                 print(f"job with {n} ranks failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -183,7 +195,8 @@ def main(argv=None) -> int:
           f" {'compute ms':>10} {'floor':>6}"
           + (f" {'+norms ms':>10} {'cost':>6}" if args.grad_outliers else "")
           + (f" {'+checksums ms':>13} {'cost':>6}" if args.checksums else "")
-          + (f" {'per-bucket ms':>13} {'ratio':>6} {'gain':>6}" if args.per_bucket else ""))
+          + (f" {'per-bucket ms':>13} {'ratio':>6} {'gain':>6}" if args.per_bucket else "")
+          + (f" {'gloo plane ms':>13} {'vs gloo':>7}" if args.gloo_plane else ""))
     for r in rows:
         print(f"{r['ranks']:>5} {r['params']:>9} {r['grad_mib']:>8.1f} {r['ftcomm_median_s'] * 1e3:>10.2f} "
               f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x"
@@ -191,7 +204,8 @@ def main(argv=None) -> int:
               + (f" {r['ftcomm+norms_median_s'] * 1e3:>10.2f} {r['norms_cost']:>+6.1%}" if args.grad_outliers else "")
               + (f" {r['ftcomm+checksums_median_s'] * 1e3:>13.2f} {r['checksums_cost']:>+6.1%}" if args.checksums else "")
               + (f" {r['ftcomm-per-bucket_median_s'] * 1e3:>13.2f} {r['per_bucket_ratio']:>5.2f}x"
-                 f" {r['step_commit_gain']:>+6.1%}" if args.per_bucket else ""))
+                 f" {r['step_commit_gain']:>+6.1%}" if args.per_bucket else "")
+              + (f" {r['ftcomm/gloo-plane_median_s'] * 1e3:>13.2f} {r['gloo_plane_cost']:>+7.1%}" if args.gloo_plane else ""))
     path = Path(args.out) if args.out else REPO / "results" / f"ddp-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host_cpus": os.cpu_count(), "torch_threads": 1, "runs": rows}, indent=1))

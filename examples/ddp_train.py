@@ -123,7 +123,9 @@ def arm_kill(world_rank, loader):
     comm = dist.group.WORLD.comm
     if comm.world_rank == world_rank:
         loader.record(event="kill", step=loader.steps_applied + 1)
-    ftcomm.fault.inject("reduce_scatter", rank=world_rank, step=comm.last_committed_step + 1)
+    # the ring's reduce-scatter phase, or the gloo data plane's allreduce (FTCOMM_DATA_PLANE=gloo)
+    point = "data_plane" if ftcomm.settings.data_plane() == "gloo" else "reduce_scatter"
+    ftcomm.fault.inject(point, rank=world_rank, step=comm.last_committed_step + 1)
 
 
 if __name__ == "__main__":

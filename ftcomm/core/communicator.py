@@ -133,6 +133,13 @@ class Communicator:
         replay and the step order go on as before. Not for user code."""
         self._core.last_committed_step = int(step)
 
+    def reserve_uncommitted_step(self) -> int:
+        """The step id for an uncommitted collective that runs outside this communicator (the
+        torch backend's other data planes): the next after the last committed and uncommitted
+        ones, recorded as uncommitted, so that ``commit_uncommitted`` commits it with the rest. Local."""
+        self._uncommitted_step = max(self.last_committed_step, self._uncommitted_step) + 1
+        return self._uncommitted_step
+
     def commit_uncommitted(self) -> int:
         """Records the step ids of the uncommitted allreduces since the last commit as committed
         (``last_committed_step`` becomes the highest of them), once the caller's agreement found

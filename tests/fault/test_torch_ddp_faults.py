@@ -33,14 +33,23 @@ def test_collectives_and_ddp_gradients_match_gloo():
         assert rep["param_err"] <= 1e-6, rep
 
 
+# (data plane, where in it the victim is hit, how): ftcomm's ring, and an inner gloo group under
+# ftcomm's control plane (FTCOMM_DATA_PLANE=gloo), where a stopped rank is fenced and its
+# connections closing end the collective on the others
+PLANES = [("ring", "reduce_scatter", "kill"), ("gloo", "data_plane", "kill"), ("gloo", "data_plane", "stop")]
+
+
 @pytest.mark.fault
 @pytest.mark.timeout(150)
-def test_kill_in_ddp_backward_allreduce_is_redone_and_converges():
+@pytest.mark.parametrize("plane,point,kind", PLANES, ids=[f"{p}-{k}" for p, _, k in PLANES])
+def test_kill_in_ddp_backward_allreduce_is_redone_and_converges(plane, point, kind):
     n, victim, samples, batch, epochs = 4, 2, 384, 8, 3
-    # allreduce step 6 = the gradient bucket of optimizer step 6 (one bucket per step); after it
-    # 384 - 6 x 32 = 192 samples remain, a multiple of 3, so the re-split needs no padding.
+    # allreduce step id 6 (the communicator's ledger counts from 0) = the gradient bucket of
+    # training step 7 (one bucket per step, steps counted from 1); 6 steps were applied, so
+    # 384 - 6 x 32 = 192 samples remain, a multiple of 3, and the re-split needs no padding.
     job = run_job(JOBS / "torch_ddp_kill.py", n, "--epochs", epochs, "--samples", samples, "--batch", batch,
-                  env={"FTCOMM_FAULT": f"rank={victim},point=reduce_scatter,step=6,kind=kill"}, timeout=110)
+                  env={"FTCOMM_FAULT": f"rank={victim},point={point},step=6,kind={kind}",
+                       "FTCOMM_DATA_PLANE": plane, "FTCOMM_FENCE_TIMEOUT": "5"}, timeout=110)
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
     survivors = [r for r in range(n) if r != victim]
@@ -49,7 +58,7 @@ def test_kill_in_ddp_backward_allreduce_is_redone_and_converges():
         assert rep["size"] == n - 1
         assert rep["rank"] == survivors.index(world_rank)
         assert rep["sampler"] == [rep["rank"], n - 1]
-        assert rep["recoveries"] == [[[victim], n, n - 1, "allreduce", 6]]
+        assert rep["recoveries"] == [[[victim], n, n - 1, "allreduce", 7]]  # the training step it interrupted
         assert rep["redone"] == 1
         # 6 steps at 4 ranks + 192 / (3 x 8) = 8 at 3 ranks in epoch 0, then 16 per epoch
         assert rep["applied"] == 6 + 8 + 16 * (epochs - 1), rep

@@ -180,3 +180,28 @@ def test_resilient_needs_ftcomm_group(group):
     other = dist.new_group(backend="gloo")
     with pytest.raises(TypeError, match="ftcomm process group"):
         iter(ft.resilient([1, 2], process_group=other)).__next__()
+
+
+def test_resilient_over_batches_without_a_batch_size(group):
+    """A DataLoader of whole batches (``batch_size=None``) trains: no disk or memory tier asks for
+    its position in samples."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(5, 4, 3), torch.randn(5, 4, 1)
+    loop = ft.resilient(DataLoader(TensorDataset(x, y), batch_size=None), model=model, optimizer=opt)
+    for xb, yb in loop:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+    assert loop.steps_applied == 5 and loop.steps_redone == 0
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(3, 1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for xb, yb in zip(x, y):
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(xb), yb).backward()
+        ref_opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))

@@ -38,6 +38,7 @@ from ...core.events import between
 from ...core.outcome import agreed, redone_on_corruption, retrying
 from ...errors import FtError, ProcFailedError, RevokedError
 from ...membership import spares
+from . import data_plane
 from .device import Staging
 from .executor import EXECUTOR
 from .step_commit import StepCommit
@@ -150,6 +151,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         self._in_handshake = False
         self._lock = threading.Lock()
         self._step_commit = StepCommit(self)
+        self._plane = data_plane.for_setting()  # what moves a resilient step's uncommitted buckets
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -332,12 +334,14 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         _check_devices(tensors, name)
         staging = Staging(inout=tensors)
 
-        def fn(comm, commit=True):
-            return comm.allreduce([staging.host(t) for t in tensors], op=op, timeout=self._timeout, commit=commit)
+        def fn(comm):
+            return comm.allreduce([staging.host(t) for t in tensors], op=op, timeout=self._timeout)
+
+        def uncommitted(comm):  # through the data plane (data_plane.py); the step's agreement commits
+            return self._plane.allreduce(comm, [staging.host(t) for t in tensors], op, self._timeout)
 
         if StepCommit.applies(self.comm, tensors):  # backward's buckets: one agreement per step (step_commit.py)
-            return self._submit(name, tensors,
-                                lambda comm: self._step_commit.run(comm, name, lambda c: fn(c, commit=False)),
+            return self._submit(name, tensors, lambda comm: self._step_commit.run(comm, name, uncommitted),
                                 uniform=True, staging=staging)
         return self._submit(name, tensors, fn, uniform=True, staging=staging)
 

@@ -270,7 +270,8 @@ class ResilientLoader:
             self._log.record(**event)
 
     def _record_recoveries(self, pg) -> bool:
-        """Logs the recoveries of the step that just ended; True if there were any."""
+        """Names the recoveries of the step that just ended by the training step they interrupted
+        (``ftcomm.torch.recoveries()``) and logs them; True if there were any."""
         events = recoveries()[self._recoveries_logged:]
         self._recoveries_logged += len(events)
         for e in events:
@@ -400,7 +401,7 @@ class ResilientLoader:
                     self._record_outlier(pg)
                 skipped = end_step()
                 self.last_step_skipped = skipped
-                if self._log_path is not None and pg.generation != generation:
+                if pg.generation != generation:  # the recoveries' step is the training step, log or not
                     waiting_first_commit |= self._record_recoveries(pg)
                 if skipped:
                     self.steps_redone += 1
@@ -414,9 +415,10 @@ class ResilientLoader:
                         waiting_first_commit = False
                     self._divergence.after_step(pg, self.model, self.optimizer, self.steps_applied)
                     runtime.note_committed(self.steps_applied)
-                    loader_state = {"epoch": self.epoch, "plan": plan, "plan_size": plan_size,
-                                    "used": used * batch_size, "steps_applied": self.steps_applied,
-                                    "steps_redone": self.steps_redone}
+                    if warm or self._checkpoints is not None:  # both need a batch_size (checked above)
+                        loader_state = {"epoch": self.epoch, "plan": plan, "plan_size": plan_size,
+                                        "used": used * batch_size, "steps_applied": self.steps_applied,
+                                        "steps_redone": self.steps_redone}
                     if warm:
                         self._memory.at_step(loader_state, pg.comm)
                     if self._checkpoints is not None:
