@@ -142,3 +142,17 @@ def run_job(script, n: int, *args, env: dict | None = None, timeout: float = 120
             print(f"harness: PRRTE did not start ({said!r}): launching again", file=sys.stderr)
             continue
         return JobResult(proc.returncode, proc.stdout, proc.stderr, reports, wall_s)
+
+
+def live_processes():
+    """(pid, command line, environment) of every running process but this one and zombies, as
+    ``/proc`` shows them (NUL-separated bytes); processes that end meanwhile are left out."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            yield int(entry.name), (entry / "cmdline").read_bytes(), (entry / "environ").read_bytes()
+        except (OSError, IndexError):
+            continue

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import live_processes
+
 SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scancel", "scontrol", "sinfo")
@@ -83,19 +85,8 @@ def free_port() -> int:
 
 def marked_processes(marker: str, name: str = MARKER) -> list[int]:
     """Pids of running processes (zombies aside) whose environment has ``name=marker``."""
-    found = []
     wanted = f"{name}={marker}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return [pid for pid, _, environ in live_processes() if wanted in environ.split(b"\0")]
 
 
 def _tail(path: Path, chars: int = 1500) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import JOBS, REPO, job_environment, parse_reports, run_job
+from harness import JOBS, REPO, job_environment, live_processes, parse_reports, run_job
 
 JOB = JOBS / "restart_job.py"
 WOULD_REPEAT = 70  # ftcomm.launch.verdict.WOULD_REPEAT
@@ -30,20 +30,12 @@ LEFTOVER_S = 15.0
 
 def _job_processes(marker: str) -> list[str]:
     """Running processes (zombies aside) whose command line or environment holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            cmdline, environ = (entry / "cmdline").read_bytes(), (entry / "environ").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if marker.encode() in cmdline or f"JOB_MARKER={marker}".encode() in environ.split(b"\0"):
-            words = cmdline.replace(b"\0", b" ")[:120].decode(errors="replace")
-            found.append(f"{entry.name} {words}")
-    return found
+    return [f"{pid} {_words(cmdline)}" for pid, cmdline, environ in live_processes()
+            if marker.encode() in cmdline or f"JOB_MARKER={marker}".encode() in environ.split(b"\0")]
+
+
+def _words(cmdline: bytes) -> str:
+    return cmdline.replace(b"\0", b" ")[:120].decode(errors="replace")
 
 
 def _assert_nothing_left(marker: str, limit_s: float = LEFTOVER_S) -> None:
