@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ftcomm.goodput.inputs import Costs
+from ftcomm.goodput.logs import read_jsonl
 from ftcomm.goodput.predict import predict_run
 from harness import REPO, run_job
 
@@ -48,8 +49,8 @@ def test_report_of_a_demo_run_with_two_kills(tmp_path):
 
 
 def _events(logs, name):
-    return [e for path in sorted(logs.glob("*.jsonl")) for e in map(json.loads, path.read_text().splitlines())
-            if e["event"] == name]
+    """Every rank's logged events called ``name`` (the report's own reader)."""
+    return [e for path in sorted(logs.glob("*.jsonl")) for e in read_jsonl(path) if e["event"] == name]
 
 
 def test_report_of_a_ddp_run_with_a_kill_and_a_spare(tmp_path):

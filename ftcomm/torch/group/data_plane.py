@@ -28,14 +28,10 @@ class RingPlane:
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
         return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
 
-    def close(self) -> None:
-        pass
 
-
-def for_setting(name: str | None = None):
-    """The data plane that ``FTCOMM_DATA_PLANE`` (or ``name``) names: "ring" or "gloo"."""
-    name = name or settings.data_plane()
-    if name == "gloo":
+def for_setting():
+    """The data plane that ``FTCOMM_DATA_PLANE`` names: "ring" or "gloo"."""
+    if settings.data_plane() == "gloo":
         from .gloo_plane import GlooPlane
 
         return GlooPlane()

@@ -87,8 +87,9 @@ class ResilientLoader:
         log_path: JSON-lines event log of the run, one file per rank (``{rank}`` is replaced by
             the world rank), in the elastic driver's format (ftcomm/training/events.py): "start",
             "commit" per applied step, "recovered" per recovery (its ``step`` is the training
-            step the failure interrupted: the last applied one + 1), "first_commit", the checkpoints' events, and "end" when
-            ``epochs()`` finishes. What ``ftcomm-report`` reads. None (default): no log.
+            step the failure interrupted: the last applied one + 1), "first_commit", the
+            checkpoints' events, and "end" when ``epochs()`` finishes. What ``ftcomm-report``
+            reads. None (default): no log.
         checkpoint_dir: disk checkpoints of applied steps, in ``torch.distributed.checkpoint``
             format (``checkpoint.py``: the model, the optimizer (ZeRO shards as shards),
             ``extra_state``, the loader's position, RNG states); needs ``model``, ``optimizer``,
