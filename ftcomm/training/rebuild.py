@@ -205,10 +205,12 @@ def plan_bytes(plan: list[Piece], slots: int) -> int:
 
 
 def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict, ok: bool = True,
-           phases: dict | None = None) -> None:
+           phases: dict | None = None, on_node=None) -> int:
     """Allgathers the parameters, replicates the new shards, agrees; on success adopts the new
-    state (``opt.adopt``), else raises ProcFailedError with the old holdings untouched. ``ok``
-    False: this rank's earlier part (moving the pieces) already failed.
+    state (``opt.adopt``) and returns the bytes this rank sent to its buddies, else raises
+    ProcFailedError with the old holdings untouched. ``ok`` False: this rank's earlier part
+    (moving the pieces) already failed. ``on_node``: the replicas the buddies' nodes already
+    hold (a relaunch: ``ReplicaStore.replicate``).
 
     The parameters are gathered into the model's own flat buffer when it is large enough (no
     fresh memory to touch, see ``storage.py``): like the step's allgather, an aborted rebuild
@@ -219,7 +221,7 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
     """
     flat = storage.reuse_or_allocate(getattr(opt, "flat", None), (new.padded,), storage.flat_capacity(new),
                                      opt.host_zeros)
-    with agreed(comm, f"rebuild of step {step}", step=step, timeout=opt.timeout,
+    with agreed(comm, f"rebuild of step {step}", step=step, timeout=opt.timeout, catch=(FtError, FileNotFoundError),
                 on_abort=opt.store.discard_pending) as outcome:
         if not ok:
             outcome.fail()
@@ -228,10 +230,11 @@ def finish(opt, comm, new: ShardLayout, live: np.ndarray, step: int, meta: dict,
             comm.allgather(live[0], flat, timeout=opt.timeout)
             t1 = time.perf_counter()
             header = encode_header(opt.replica_meta(step, meta, comm, new), live)
-            opt.store.replicate(comm, header, live, flat, opt.timeout)
+            sent = opt.store.replicate(comm, header, live, flat, opt.timeout, on_node)
             if phases is not None:
                 phases.update(allgather_s=t1 - t0, replicate_s=time.perf_counter() - t1)
     opt.adopt(comm, new, live, flat, step, meta, header)
+    return sent
 
 
 def new_live(opt, new: ShardLayout) -> np.ndarray:

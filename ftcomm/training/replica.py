@@ -26,6 +26,7 @@ import numpy as np
 import xxhash
 
 from ..core.codes import Tag
+from ..errors import SilentCorruptionError
 from ..membership.nodes import nodes_of
 from . import storage
 from .buddies import buddies, wards
@@ -136,7 +137,8 @@ class ReplicaStore:
             return self.memory.replica_buffer(shape, capacity)
         return Replica(np.zeros(HEADER_BYTES, np.uint8), storage.allocate(shape, capacity))
 
-    def replicate(self, comm, header: np.ndarray, state: np.ndarray, params: np.ndarray, timeout=None) -> int:
+    def replicate(self, comm, header: np.ndarray, state: np.ndarray, params: np.ndarray, timeout=None,
+                  on_node=None) -> int:
         """Sends this rank's shard to its buddies and receives its wards' shards into the pending
         set, all in one ``exchange`` (so the k sends and k receives overlap).
 
@@ -145,13 +147,20 @@ class ReplicaStore:
             header: from ``encode_header``; state: float32 ``(slots, shard_len)``, C-contiguous.
             params: the flat parameters, already holding every shard's new slot 0 (after the
                 step's allgather): each ward's parameter slot is copied from here, not sent.
+            on_node: after a relaunch, the copies the buddies' own nodes still hold
+                (``warm_resume.NodeReplicas``: ``holds(ward, buddy)``, ``fill(ward, state)``): a
+                ward's optimizer slots that its buddy's node holds whole are copied there from
+                those segments instead of being sent (only the header travels), then checked
+                against the header's checksum.
 
         Returns:
-            Bytes this rank sent (``k x (HEADER_BYTES + state[1:].nbytes)``).
+            Bytes this rank sent (``k x (HEADER_BYTES + state[1:].nbytes)``, less the slots the
+            buddies' nodes held).
 
         Raises:
             ProcFailedError, RevokedError, CollectiveTimeoutError: as ``Communicator.exchange``
             (local outcome; the caller agrees afterwards). The committed set is untouched.
+            SilentCorruptionError: a replica copied on the node differs from its owner's shard.
         """
         self.discard_pending()
         self._own_digest_pending = (decode_header(header) or {}).get("xxh3")
@@ -159,17 +168,29 @@ class ReplicaStore:
         nodes = nodes_of(comm.world_ranks)  # node-aware placement once nodes are registered
         shard_len = state.shape[1]
         capacity = state.shape[0] * storage.grown_len(shard_len, size)
-        peers = buddies(rank, size, self.replicas, nodes)
-        sends, recvs = [], []
-        for peer in peers:
-            sends += [(peer, header)] + ([(peer, state[1:])] if len(state) > 1 else [])
+        held_by = on_node.holds if on_node is not None and len(state) > 1 else (lambda ward, buddy: False)
+        sends, recvs, copied = [], [], []
+        for peer in buddies(rank, size, self.replicas, nodes):
+            sends.append((peer, header))
+            if len(state) > 1 and not held_by(rank, peer):
+                sends.append((peer, state[1:]))
         for ward in wards(rank, size, self.replicas, nodes):
             slot = self._buffer(state.shape, capacity)
             self.pending[ward] = slot
             slot.state[0] = params[ward * shard_len:(ward + 1) * shard_len]
-            recvs += [(ward, slot.header)] + ([(ward, slot.state[1:])] if len(state) > 1 else [])
+            recvs.append((ward, slot.header))
+            if held_by(ward, rank):
+                on_node.fill(ward, slot.state)
+                copied.append(ward)
+            elif len(state) > 1:
+                recvs.append((ward, slot.state[1:]))
         comm.exchange(sends=sends, recvs=recvs, tag=Tag.REPLICA, timeout=timeout)
-        return len(peers) * (header.nbytes + state[1:].nbytes)
+        for ward in copied:
+            if checksum(self.pending[ward].state) != (decode_header(self.pending[ward].header) or {}).get("xxh3"):
+                raise SilentCorruptionError(f"world rank {comm.world_rank}: the replica of shard {ward} copied from "
+                                            "this node's segments differs from its owner's shard",
+                                            checked="replica checksum")
+        return sum(array.nbytes for _, array in sends)
 
     def commit(self, step: int | None = None) -> None:
         """The pending set becomes the committed one (call once an agreement confirmed that every

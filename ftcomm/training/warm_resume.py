@@ -16,8 +16,10 @@ FTCOMM_RESTART > 0) does, collectively:
    plus one header per rank: the
    committed metadata (data position, RNG) of the old rank with its world rank, else of rank 0;
 4. **commit**: the parameters are allgathered, the new shards replicated and one agreement
-   adopts them (``rebuild.finish``), as after an in-memory recovery. Then each node's lowest rank
-   removes the earlier launches' segments.
+   adopts them (``rebuild.finish``), as after an in-memory recovery; a buddy whose node holds
+   copies of every old shard its ward's new shard is cut from copies the replica from them
+   (``NodeReplicas``), so only its header is sent. Then each node's lowest rank removes the
+   earlier launches' segments.
 
 Nothing is found, or no step is complete: ``resume`` returns None and the caller goes to disk.
 A failure during any phase raises on every rank (ProcFailedError, by the phases' agreements)
@@ -38,7 +40,7 @@ from ..core.outcome import agreed
 from ..errors import FtError
 from ..membership import nodes
 from . import node_memory, rebuild
-from .layout import ShardLayout, reshard_plan
+from .layout import ShardLayout, overlaps, reshard_plan
 from .replica import HEADER_BYTES, decode_header
 
 
@@ -140,6 +142,8 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     Returns:
         None when this is not a relaunch, there is no node memory, or no step is complete; else
         {"step", "from_world_size", "bytes_read" (this rank's copies), "bytes_moved" (whole job),
+        "bytes_replicated" (this rank's sends to its buddies: headers only where their nodes held
+        the copies),
         "phases": {"list_s", "agree_s", "move_s", "finish_s" and, within the finish,
         "allgather_s", "replicate_s"}}.
 
@@ -173,8 +177,12 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
         return None
     fetched = fetch(step) if fetch is not None else None
     new = ShardLayout(old.numel, tuple(comm.world_ranks))
-    plan, paths = read_on_the_node(reshard_plan(old, new, sources), everything, comm, table,
-                                   (step, old.size, opt.numel, len(opt.stepper.slots), opt.stepper.name))
+    node = [table[w] for w in comm.world_ranks]
+    where = copies_on_nodes(everything, node, (step, old.size, opt.numel, len(opt.stepper.slots), opt.stepper.name))
+    plan, paths = read_on_the_node(reshard_plan(old, new, sources), where, node, comm)
+    here = {shard: path for (shard, at), path in where.items() if at == node[comm.rank]}
+    on_node = NodeReplicas(old, new, where, node,
+                           holding=lambda shard: _holding(held, {**here, **paths}, step, shard))
     live = rebuild.new_live(opt, new)
     lo, hi = new.bounds(comm.rank)
     live[:, hi - lo:] = 0
@@ -196,12 +204,12 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     meta = (decoded or {}).get("extra", {})
     opt.scalars = scalars
     finish_phases = {}
-    rebuild.finish(opt, comm, new, live, step, meta, ok, finish_phases)
+    replicated = rebuild.finish(opt, comm, new, live, step, meta, ok, finish_phases, on_node)
     t4 = time.perf_counter()
     remove_earlier(opt.memory, comm, launch, table)
     opt.phase = None
     return {"step": step, "from_world_size": old.size, "fetched": fetched, "bytes_read": sum(s.nbytes for _, s in held.values()),
-            "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]),
+            "bytes_moved": rebuild.plan_bytes(plan, live.shape[0]), "bytes_replicated": replicated,
             "phases": {"list_s": t1 - t0, "agree_s": t2 - t1, "move_s": t3 - t2, "finish_s": t4 - t3, **finish_phases}}
 
 
@@ -211,24 +219,31 @@ def report(log, step: int, comm, found: dict) -> None:
     it on stderr (rank 0 of ``comm``): the account both training loops give of a warm resume."""
     log(event="resumed", step=step, **{"from": "memory"}, world_size=comm.size,
         from_world_size=found["from_world_size"], bytes_read=found["bytes_read"], bytes_moved=found["bytes_moved"],
+        bytes_replicated=found["bytes_replicated"],
         load_s=round(found["load_s"], 6), **{k: round(v, 6) for k, v in found["phases"].items()})
     if comm.rank == 0:
         print(f"ftcomm: resumed from the nodes' shared memory (step {step}, written by {found['from_world_size']} "
               f"ranks) at world size {comm.size} in {found['load_s']:.2f} s", file=sys.stderr, flush=True)
 
 
-def read_on_the_node(plan: list, everything: list, comm, table: dict, chosen: tuple) -> tuple[list, dict]:
-    """The re-shard plan with each piece whose old shard has a copy on its receiver's node taken
-    from that copy directly (src = dst: a copy within the node's shared memory instead of a
-    message), and the paths of the copies this rank reads so ({old shard: path}). The same plan
-    on every rank (same inputs). ``chosen``: (step, old size, numel, slots, optimizer);
-    ``table``: {world rank: node}."""
-    node = [table[w] for w in comm.world_ranks]
-    where = {}  # (old shard, node) -> path of a copy there
+def copies_on_nodes(everything: list, node: list, chosen: tuple) -> dict:
+    """{(old shard, node): the path of a copy of it there} for the chosen step: ``chosen`` =
+    (step, old size, numel, slots, optimizer); ``node``: the node of each rank of the
+    communicator. The same on every rank (same inputs)."""
+    where = {}
     for rank, entries in enumerate(everything):
         for step, shard, size, numel, slots, name, _, _, path in entries:
             if (step, size, numel, slots, name) == chosen:
                 where.setdefault((shard, node[rank]), path)
+    return where
+
+
+def read_on_the_node(plan: list, where: dict, node: list, comm) -> tuple[list, dict]:
+    """The re-shard plan with each piece whose old shard has a copy on its receiver's node taken
+    from that copy directly (src = dst: a copy within the node's shared memory instead of a
+    message), and the paths of the copies this rank reads so ({old shard: path}). The same plan
+    on every rank (same inputs). ``where``: ``copies_on_nodes``; ``node``: the node of each
+    rank."""
     out, paths = [], {}
     for piece in plan:
         path = where.get((piece.old_shard, node[piece.dst]))
@@ -238,6 +253,42 @@ def read_on_the_node(plan: list, everything: list, comm, table: dict, chosen: tu
                 paths[piece.old_shard] = path
         out.append(piece)
     return out, paths
+
+
+class NodeReplicas:
+    """The replicas of the new shards that their buddies' nodes already hold: after a relaunch,
+    each old shard a ward's new shard is cut from may still have a copy (its owner's shard or a
+    replica) on the buddy's node. Such a replica is copied from those segments, within the node,
+    instead of being sent (``ReplicaStore.replicate``'s ``on_node``): the relaunch writes the
+    replicas without moving them between ranks.
+
+    Args:
+        old, new: the layouts of the chosen step and of this launch.
+        where: ``copies_on_nodes``; node: the node of each rank of the communicator.
+        holding: ``holding(old shard)``: this rank's checked copy ``(slots, shard_len)`` of an
+            old shard that its node holds.
+    """
+
+    def __init__(self, old: ShardLayout, new: ShardLayout, where: dict, node: list, holding):
+        self.old, self.new, self.where, self.node, self.holding = old, new, where, node, holding
+
+    def holds(self, ward: int, buddy: int) -> bool:
+        """Whether every old shard that ``ward``'s new shard is cut from has a copy on
+        ``buddy``'s node (the same answer on every rank)."""
+        return all((shard, self.node[buddy]) in self.where
+                   for shard, _, _ in overlaps(self.old, self.new.bounds(ward)))
+
+    def fill(self, ward: int, state: np.ndarray) -> None:
+        """Copies ``ward``'s optimizer slots (all but slot 0, the parameters) into ``state``
+        ``(slots, new shard_len)`` from this node's copies, the padding zeroed.
+
+        Raises:
+            FileNotFoundError: a copy is gone or damaged since it was listed."""
+        start, (lo, hi) = self.new.start(ward), self.new.bounds(ward)
+        for shard, a, b in overlaps(self.old, (lo, hi)):
+            offset = self.old.start(shard)
+            state[1:, a - start:b - start] = self.holding(shard)[1:, a - offset:b - offset]
+        state[1:, hi - start:] = 0
 
 
 def _holding(held: dict, paths: dict, step: int, shard: int) -> np.ndarray:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from ftcomm.training import node_memory
+from ftcomm.training.replica import HEADER_BYTES
 
 from harness import JOBS, run_job
 
@@ -54,6 +55,8 @@ def test_a_node_crash_resumes_from_the_survivors_memory_bitwise_as_a_shrink(tmp_
         # step 6 was the last committed; n2's shards came from their replicas on n1
         assert resumed["from"] == "memory" and resumed["step"] == 6 and resumed["world_size"] == 2
         assert resumed["from_world_size"] == 4 and resumed["bytes_read"] > 0
+        # n1 held a copy of every old shard: each replica was copied there, only its header sent
+        assert resumed["bytes_replicated"] == HEADER_BYTES
     warm = _done(res)
     assert warm["size"] == 2 and warm["steps"] == 20
     # the same job, where n2's ranks die at step 7 and the survivors shrink in memory

@@ -121,20 +121,47 @@ def test_pieces_whose_old_shard_has_a_copy_on_the_receivers_node_are_read_there(
     from ftcomm.training.layout import ShardLayout, reshard_plan
 
     everything = [[_entry(7, 0), _entry(7, 2)], [_entry(7, 1), _entry(7, 3)], []]
-    table = {10: "n1", 11: "n1", 12: "n2"}
     step, old, sources, *_ = warm_resume.choose(everything, 100, 3, "AdamW")
     new = ShardLayout(100, (10, 11, 12))
     plan = reshard_plan(old, new, sources)
     assert any(p.src != p.dst and p.dst in (0, 1) for p in plan)  # without it: messages within n1
-    chosen = (step, 4, 100, 3, "AdamW")
+    node = ["n1", "n1", "n2"]
+    where = warm_resume.copies_on_nodes(everything, node, (step, 4, 100, 3, "AdamW"))
+    assert where == {(s, "n1"): f"/shm/7-{s}.seg" for s in range(4)}
     for rank in range(3):
         comm = SimpleNamespace(world_ranks=[10, 11, 12], rank=rank)
-        local, paths = warm_resume.read_on_the_node(plan, everything, comm, table, chosen)
+        local, paths = warm_resume.read_on_the_node(plan, where, node, comm)
         assert [(p.old_shard, p.dst, p.lo, p.hi) for p in local] == [(p.old_shard, p.dst, p.lo, p.hi) for p in plan]
         assert all(p.src == p.dst for p in local if p.dst in (0, 1))
         assert [(p.src, p.dst) for p in local if p.dst == 2] == [(p.src, p.dst) for p in plan if p.dst == 2]
         read = {p.old_shard for p in plan if p.dst == rank and p.src != rank} if rank < 2 else set()
         assert paths == {s: f"/shm/7-{s}.seg" for s in read}
+
+
+def test_a_replica_whose_node_holds_every_old_shard_is_copied_there_bitwise():
+    """4 old shards of 10 elements (3 slots), re-sharded over 3 new ranks: ranks 0 and 1 on n1,
+    which holds copies of old shards 0-3, rank 2 on n2, which holds shard 3 only. A new shard's
+    replica is copied on its buddy's node only when that node holds every old shard it is cut
+    from, and then equals the new shard itself (numpy reference: the flat state, cut anew)."""
+    from ftcomm.training.layout import ShardLayout
+
+    old, new = ShardLayout(10, (0, 1, 2, 3)), ShardLayout(10, (10, 11, 12))
+    flat = np.arange(3 * 12, dtype=np.float32).reshape(3, 12)[:, :10] + 0.5  # every slot, 10 elements
+    copies = {s: np.ascontiguousarray(np.pad(flat[:, slice(*old.bounds(s))],
+                                             ((0, 0), (0, old.shard_len - (old.bounds(s)[1] - old.bounds(s)[0])))))
+              for s in range(4)}
+    where = {**{(s, "n1"): f"/shm/{s}.seg" for s in range(4)}, (3, "n2"): "/shm/n2-3.seg"}
+    replicas = warm_resume.NodeReplicas(old, new, where, ["n1", "n1", "n2"], holding=copies.__getitem__)
+    # new shard 2 is cut from old shards 2 and 3 only on n1; new shard 0 needs shards 0, 1: not on n2
+    assert [replicas.holds(ward, 2) for ward in range(3)] == [False, False, False]
+    assert [replicas.holds(ward, 0) for ward in range(3)] == [True, True, True]
+    for ward in range(3):
+        lo, hi = new.bounds(ward)
+        state = np.full((3, new.shard_len), -1.0, np.float32)  # a recycled buffer: stale values
+        state[0] = 7.0  # the parameter slot comes from the allgather, not from here
+        replicas.fill(ward, state)
+        assert np.array_equal(state[1:, : hi - lo], flat[1:, lo:hi])
+        assert not state[1:, hi - lo:].any() and (state[0] == 7.0).all()
 
 
 def test_blobs_take_turns_so_the_previous_step_stays_whole(memory):

@@ -87,8 +87,8 @@ class LoopMemory:
     def resume(self, pg, log) -> dict | None:
         """On a relaunch (FTCOMM_RESTART > 0): the newest step held whole in the nodes' memory,
         made current on every rank of ``pg``; returns the loader state to go on from plus "step",
-        "load_s", "bytes_read", "bytes_moved", "from_world_size", "phases", or None (then the
-        disk). Collective.
+        "load_s", "bytes_read", "bytes_moved", "bytes_replicated", "from_world_size", "phases",
+        or None (then the disk). Collective.
 
         Raises:
             ProcFailedError etc.: a rank failed; nothing changed.
@@ -115,6 +115,7 @@ class LoopMemory:
         self._apply(shared)
         set_rng_states((own or shared)["rng"])  # this rank's own stream when its node kept it
         return {**shared["loader"], "step": found["step"], "load_s": time.perf_counter() - t0,
+                "bytes_replicated": found.get("bytes_replicated", 0),  # a plain optimizer keeps no replicas
                 **{k: found[k] for k in ("bytes_read", "bytes_moved", "from_world_size", "phases")}}
 
     def _fetch(self, pg, blobs: list, step: int) -> tuple:
