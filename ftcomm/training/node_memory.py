@@ -59,15 +59,16 @@ _ENGINES = itertools.count()  # NodeMemory objects made by this process, in orde
 class _Segment:
     """One mapped segment file: the commit word, the header and the data."""
 
-    def __init__(self, path: str, elements: int):
-        """Creates the file ``path`` (it must not exist) for ``elements`` float32 values."""
+    def __init__(self, path: str, elements: int, used: int):
+        """Creates the file ``path`` (it must not exist) for ``elements`` float32 values, the
+        memory of the first ``used`` of them reserved."""
         self.path = path
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             size = DATA_OFFSET + 4 * max(elements, 1)
-            # Reserve the memory now: a tmpfs that is full would otherwise raise SIGBUS at the
-            # first touch of a page, in the middle of a step.
-            os.posix_fallocate(fd, 0, size)
+            os.ftruncate(fd, size)
+            self.used = 0
+            self._reserve(fd, used)
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -77,6 +78,25 @@ class _Segment:
         self.words[2] = elements
         self.header = np.frombuffer(self.map, np.uint8, HEADER_BYTES, HEADER_OFFSET)
         self.data = np.frombuffer(self.map, np.float32, elements, DATA_OFFSET)
+
+    def _reserve(self, fd: int, used: int) -> None:
+        # The memory under what is written is reserved before it is touched: a tmpfs that is full
+        # would otherwise raise SIGBUS at the first touch of a page, in the middle of a step. The
+        # room to grow after a shrink (``storage.py``) is reserved only when a buffer grows into
+        # it: reserving it up front doubled the memory of a 2-rank job's segments, and the time
+        # to allocate a relaunch's new replicas.
+        if used > self.used:
+            os.posix_fallocate(fd, 0, DATA_OFFSET + 4 * used)
+            self.used = used
+
+    def reserve(self, used: int) -> None:
+        """Reserves the memory of the first ``used`` values (OSError: the tmpfs cannot hold it)."""
+        if used > self.used:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                self._reserve(fd, used)
+            finally:
+                os.close(fd)
 
     def mark(self, step: int, header: np.ndarray | None = None) -> None:
         if header is not None and header is not self.header:
@@ -124,42 +144,60 @@ class NodeMemory:
         directory = node_dir(node_name())
         return None if directory is None else cls(directory, world_rank, settings.restart_count())
 
-    def _new(self, elements: int) -> _Segment | None:
-        """A new segment, or None when the node's tmpfs cannot hold it (said once on stderr: the
-        buffer then goes to private memory, and a relaunch finds this rank's copies only in its
-        buddies' memory or on disk)."""
+    def _new(self, elements: int, used: int) -> _Segment | None:
+        """A new segment of ``elements`` values, ``used`` of them reserved, or None when the
+        node's tmpfs cannot hold it (said once: the buffer then goes to private memory)."""
         self._count += 1
         path = os.path.join(self.directory, f"L{self.launch}-W{self.world_rank}-E{self.engine}-{self._count}.seg")
         try:
-            segment = _Segment(path, elements)
+            segment = _Segment(path, elements, used)
         except OSError as error:
             try:
                 os.unlink(path)
             except OSError:
                 pass
-            if not self._full:
-                self._full = True
-                print(f"ftcomm: world rank {self.world_rank}: node memory {self.directory} cannot hold "
-                      f"{DATA_OFFSET + 4 * elements} more bytes ({error.strerror}): new buffers go to private "
-                      "memory (a larger tmpfs in FTCOMM_SHM_DIR keeps them for a relaunch; FTCOMM_WARM=0 turns "
-                      "node memory off)", file=sys.stderr, flush=True)
+            self._say_full(4 * used, error)
             return None
         self._segments[segment.data.ctypes.data] = segment
         return segment
 
-    def zeros(self, n: int) -> np.ndarray:
-        """A zeroed float32 array of ``n`` elements in a new segment, else in private memory
-        (``storage.allocate``'s ``zeros``)."""
-        segment = self._new(n)
+    def _say_full(self, nbytes: int, error: OSError) -> None:
+        """Says once on stderr that the tmpfs refused ``nbytes`` more: buffers then go to private
+        memory, and a relaunch finds this rank's copies only in its buddies' memory or on disk."""
+        if not self._full:
+            self._full = True
+            print(f"ftcomm: world rank {self.world_rank}: node memory {self.directory} cannot hold "
+                  f"{nbytes} more bytes ({error.strerror}): new buffers go to private "
+                  "memory (a larger tmpfs in FTCOMM_SHM_DIR keeps them for a relaunch; FTCOMM_WARM=0 turns "
+                  "node memory off)", file=sys.stderr, flush=True)
+
+    def zeros(self, n: int, used: int | None = None) -> np.ndarray:
+        """A zeroed float32 array of ``n`` elements in a new segment, the memory of the first
+        ``used`` (default all) reserved, else in private memory (``storage.allocate``'s
+        ``zeros``; a buffer that grows later calls ``reserve``)."""
+        segment = self._new(n, n if used is None else used)
         return np.zeros(n, np.float32) if segment is None else segment.data
 
     def replica_buffer(self, shape: tuple, capacity: int) -> Replica:
         """A replica's header and state, both in one new segment (else in private memory)."""
-        n = max(int(np.prod(shape)), capacity)
-        segment = self._new(n)
+        used = int(np.prod(shape))
+        segment = self._new(max(used, capacity), used)
         if segment is None:
             return Replica(np.zeros(HEADER_BYTES, np.uint8), storage.allocate(shape, capacity))
-        return Replica(segment.header, segment.data[: int(np.prod(shape))].reshape(shape))
+        return Replica(segment.header, segment.data[:used].reshape(shape))
+
+    def reserve(self, array: np.ndarray) -> bool:
+        """``array``, a view of the start of a segment's data (or private memory) that a buffer
+        now uses (``storage.reuse``), is about to be written: the memory under it is reserved.
+        False when the tmpfs cannot hold it (said once): the caller allocates elsewhere."""
+        segment = self._segment_of(array)
+        if segment is not None:
+            try:
+                segment.reserve(array.size)
+            except OSError as error:
+                self._say_full(4 * (array.size - segment.used), error)
+                return False
+        return True
 
     def _segment_of(self, array: np.ndarray) -> _Segment | None:
         return self._segments.get(storage.storage(array).ctypes.data)
@@ -189,7 +227,8 @@ class NodeMemory:
         if segment is None or segment.words[2] < elements:
             if segment is not None:
                 self._drop(segment)
-            segment = slots[turn] = self._new(max(elements, 1024))
+            size = max(elements, 1024)  # a blob is small: its whole segment is reserved
+            segment = slots[turn] = self._new(size, size)
             if segment is None:
                 return  # no room: this step's blob is not kept (a relaunch resumes from disk)
         segment.unmark()

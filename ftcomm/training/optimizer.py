@@ -509,7 +509,8 @@ class ShardedOptimizer:
         self.comm, self.layout, self.live = comm, layout, live
         if self.memory is not None and old_live is not None:
             self.memory.unmark(old_live)  # reused as staging, or dropped
-        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.shard_zeros)
+        self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.shard_zeros,
+                                                 self.memory.reserve if self.memory is not None else None)
         self._bind(flat)
         self._commit_holdings(step, header)
         self.step_id, self.committed_meta = step, dict(meta)

@@ -243,7 +243,8 @@ def new_live(opt, new: ShardLayout) -> np.ndarray:
     staging = getattr(opt, "staging", None)
     if staging is not None and opt.memory is not None:
         opt.memory.unmark(staging)
-    return storage.reuse_or_allocate(staging, opt.shard_shape(new), opt.shard_capacity(new), opt.shard_zeros)
+    return storage.reuse_or_allocate(staging, opt.shard_shape(new), opt.shard_capacity(new), opt.shard_zeros,
+                                     opt.memory.reserve if opt.memory is not None else None)
 
 
 def rebuild_in_memory(opt, comm) -> dict:

@@ -129,7 +129,7 @@ class ReplicaStore:
         while self._pool:
             spare = self._pool.pop()
             state = storage.reuse(spare.state, shape)
-            if state is not None:
+            if state is not None and (self.memory is None or self.memory.reserve(state)):
                 if self.memory is not None:
                     self.memory.unmark(state)  # about to be overwritten: no longer a committed copy
                 return Replica(spare.header, state)

@@ -25,8 +25,8 @@ import numpy as np
 _F32 = np.float32
 
 
-def _plain_zeros(n: int) -> np.ndarray:
-    return np.zeros(n, _F32)
+def _plain_zeros(n: int, used: int | None = None) -> np.ndarray:
+    return np.zeros(n, _F32)  # pages are taken at their first touch: nothing to reserve
 
 
 def grown_len(shard_len: int, size: int) -> int:
@@ -49,10 +49,12 @@ def flat_capacity(layout) -> int:
 
 def allocate(shape: tuple, capacity: int = 0, zeros=None) -> np.ndarray:
     """A zeroed C-contiguous float32 array of ``shape`` over memory of at least ``capacity``
-    elements (the rest is room to grow, see ``reuse``). ``zeros(n)``, if given, provides that
-    memory: a zeroed, C-contiguous 1-D float32 ndarray of ``n`` elements (page-locked, say)."""
+    elements (the rest is room to grow, see ``reuse``). ``zeros(n, used)``, if given, provides
+    that memory: a zeroed, C-contiguous 1-D float32 ndarray of ``n`` elements (page-locked, or a
+    node-memory segment that reserves the first ``used`` now and the rest when ``reuse``'s
+    caller grows into it)."""
     n = math.prod(shape)
-    return (zeros or _plain_zeros)(max(n, capacity))[:n].reshape(shape)
+    return (zeros or _plain_zeros)(max(n, capacity), n)[:n].reshape(shape)
 
 
 def storage(array: np.ndarray) -> np.ndarray:
@@ -77,7 +79,11 @@ def reuse(array: np.ndarray | None, shape: tuple) -> np.ndarray | None:
     return owner[: math.prod(shape)].reshape(shape)
 
 
-def reuse_or_allocate(array: np.ndarray | None, shape: tuple, capacity: int, zeros=None) -> np.ndarray:
-    """``reuse(array, shape)``, else ``allocate(shape, capacity, zeros)``."""
+def reuse_or_allocate(array: np.ndarray | None, shape: tuple, capacity: int, zeros=None, reserve=None) -> np.ndarray:
+    """``reuse(array, shape)``, else ``allocate(shape, capacity, zeros)``. ``reserve(view)``, if
+    given, takes the memory of a reused view before it is written (``NodeMemory.reserve``); its
+    False sends the buffer to ``allocate``."""
     found = reuse(array, shape)
-    return found if found is not None else allocate(shape, capacity, zeros)
+    if found is not None and (reserve is None or reserve(found)):
+        return found
+    return allocate(shape, capacity, zeros)

@@ -191,6 +191,34 @@ def test_a_full_tmpfs_sends_new_buffers_to_private_memory_and_says_so(memory, mo
     assert err.count("cannot hold") == 1 and "No space left on device" in err and "FTCOMM_WARM=0" in err
 
 
+def test_a_segment_reserves_the_memory_it_uses_and_the_rest_when_a_buffer_grows_into_it(memory, monkeypatch, capsys):
+    """A buffer with room to grow after a shrink (``storage.allocate``'s capacity) reserves only
+    the tmpfs memory it uses; ``reuse_or_allocate`` reserves the rest when it grows into it, and
+    goes to private memory, saying so, when the tmpfs cannot hold it."""
+    from ftcomm.training import storage
+
+    def reserved(array):  # pages the file system holds for the array's segment file
+        (path,) = [s.path for s in memory._segments.values() if s.data.ctypes.data == storage.storage(array).ctypes.data]
+        return os.stat(path).st_blocks * 512 // node_memory.PAGE
+
+    def pages(array):  # the pages of the segment's head and of the array
+        return -(-(node_memory.DATA_OFFSET + array.nbytes) // node_memory.PAGE)
+
+    small = storage.allocate((2, 50_000), 2 * 100_000, memory.zeros)  # room for twice the shard
+    assert reserved(small) == pages(small)
+    grown = storage.reuse_or_allocate(small, (2, 80_000), 0, memory.zeros, memory.reserve)
+    assert grown.ctypes.data == small.ctypes.data and reserved(grown) == pages(grown)
+    grown[:] = 1.0  # its pages are reserved: no SIGBUS whatever the tmpfs holds
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(node_memory.os, "posix_fallocate", full)
+    private = storage.reuse_or_allocate(grown, (2, 100_000), 0, memory.zeros, memory.reserve)
+    assert private.shape == (2, 100_000) and not private.any() and memory._segment_of(private) is None
+    assert capsys.readouterr().err.count("cannot hold") == 1
+
+
 def test_a_damaged_header_or_a_truncated_file_is_not_used(memory):
     state = _committed(memory, 5, 0, 1.5)
     (copy,) = node_memory.scan(memory.directory, 1)

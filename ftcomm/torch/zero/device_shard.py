@@ -38,7 +38,7 @@ from ...training import storage
 from ..group import device
 
 
-def _pinned_zeros(n: int) -> np.ndarray:
+def _pinned_zeros(n: int, used: int | None = None) -> np.ndarray:
     return torch.zeros(n, dtype=torch.float32, pin_memory=True).numpy()  # the tensor stays the array's base
 
 
