@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-from .. import _C
+from .. import _C, settings
 from .codes import DTYPE_CODES, InputProblem, element_size, op_code, problem_text
 
 # Host-memory stand-ins for tests (see _use_host_memory_for_tests).
@@ -46,12 +46,28 @@ def cuda_available() -> bool:
 
 def cuda_status() -> str:
     """Why ``cuda_available()`` says what it says, in words: the number of devices, or the reason
-    CUDA is off ("ftcomm was built without CUDA (nvcc not found)...", "no CUDA driver found ...")."""
+    CUDA is off ("ftcomm was built without CUDA (nvcc not found)...", "no CUDA driver found ..."),
+    then which data plane moves a torch process group's tensors (``data_plane_status``)."""
     ok, reason = _C.cuda_status()
-    if not ok:
-        return reason
-    runtime, driver = _C.cuda_versions()
-    return f"{reason}; CUDA runtime {_version(runtime)}, driver {_version(driver)}"
+    if ok:
+        runtime, driver = _C.cuda_versions()
+        reason = f"{reason}; CUDA runtime {_version(runtime)}, driver {_version(driver)}"
+    return f"{reason}; {data_plane_status(ok)}"
+
+
+def data_plane_status(cuda: bool | None = None) -> str:
+    """Which data plane the torch backend's collectives take, and why, in words: CUDA tensors
+    (when ``cuda``, default ``cuda_available()``) are staged through page-locked host memory, since
+    Open MPI's fault-tolerant transports take no device memory; a resilient step's gradient buckets
+    then go through FTCOMM_DATA_PLANE's plane (ftcomm's ring, or an inner gloo group), everything
+    else through ftcomm's ring. NCCL is not a data plane of this version (docs/GPU.md)."""
+    plane = settings.data_plane()
+    buckets = ("an inner gloo group (FTCOMM_DATA_PLANE=gloo)" if plane == "gloo"
+               else "ftcomm's ring (FTCOMM_DATA_PLANE=ring)")
+    staged = "CUDA tensors are staged through page-locked host memory; " if (
+        cuda_available() if cuda is None else cuda) else ""
+    return (f"data plane: {staged}a resilient step's gradient buckets go through {buckets}, other collectives "
+            "through ftcomm's ring; NCCL is not a data plane of this version")
 
 
 def cuda_aware_mpi() -> bool | None:

@@ -37,3 +37,15 @@ def test_bad_value_names_the_variable(monkeypatch, name, value, why):
 def test_raise_policy(monkeypatch):
     monkeypatch.setenv("FTCOMM_LATE_RANK", "raise")
     assert settings.late_rank_fence() is False
+
+
+@pytest.mark.parametrize("plane, named", [("ring", "ftcomm's ring (FTCOMM_DATA_PLANE=ring)"),
+                                          ("gloo", "an inner gloo group (FTCOMM_DATA_PLANE=gloo)")])
+def test_cuda_status_names_the_data_plane_and_why(monkeypatch, plane, named):
+    from ftcomm.core import cuda
+
+    monkeypatch.setenv("FTCOMM_DATA_PLANE", plane)
+    assert f"gradient buckets go through {named}" in cuda.cuda_status()
+    assert "NCCL is not a data plane" in cuda.cuda_status()
+    assert cuda.data_plane_status(cuda=True).startswith("data plane: CUDA tensors are staged through page-locked")
+    assert "staged" not in cuda.data_plane_status(cuda=False)
