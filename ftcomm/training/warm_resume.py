@@ -180,9 +180,8 @@ def resume(opt, comm, log=None, eligible=None, fetch=None) -> dict | None:
     node = [table[w] for w in comm.world_ranks]
     where = copies_on_nodes(everything, node, (step, old.size, opt.numel, len(opt.stepper.slots), opt.stepper.name))
     plan, paths = read_on_the_node(reshard_plan(old, new, sources), where, node, comm)
-    here = {shard: path for (shard, at), path in where.items() if at == node[comm.rank]}
-    on_node = NodeReplicas(old, new, where, node,
-                           holding=lambda shard: _holding(held, {**here, **paths}, step, shard))
+    here = {shard: path for (shard, at), path in where.items() if at == node[comm.rank]}  # paths and more
+    on_node = NodeReplicas(old, new, where, node, holding=lambda shard: _holding(held, here, step, shard))
     live = rebuild.new_live(opt, new)
     lo, hi = new.bounds(comm.rank)
     live[:, hi - lo:] = 0

@@ -77,7 +77,7 @@ def test_refuses_parameters_on_several_devices_or_not_float32():
 
 
 def test_host_buffers_over_torch_memory_are_reused():
-    a = storage.allocate((2, 6), 16, zeros=lambda n: torch.zeros(n, dtype=torch.float32).numpy())
+    a = storage.allocate((2, 6), 16, zeros=lambda n, used: torch.zeros(n, dtype=torch.float32).numpy())
     assert a.shape == (2, 6) and not a.any() and storage.storage(a).size == 16
     b = storage.reuse(a, (2, 8))
     assert b is not None and np.shares_memory(a, b)
