@@ -157,6 +157,8 @@ class ShardedOptimizer:
         # (page-locked) if it has one, else plain numpy memory.
         self.host_zeros = getattr(device, "host_zeros", None)
         self.shard_zeros = self.memory.zeros if self.memory is not None else self.host_zeros  # live, staging
+        # what takes a reused shard buffer's memory before it grows into it (storage.reuse_or_allocate)
+        self.shard_reserve = self.memory.reserve if self.memory is not None else None
         if newcomer or getattr(comm, "promoted", False):
             self.layout = None  # holds nothing until the rebuild adopts its state
             if not newcomer:
@@ -510,7 +512,7 @@ class ShardedOptimizer:
         if self.memory is not None and old_live is not None:
             self.memory.unmark(old_live)  # reused as staging, or dropped
         self.staging = storage.reuse_or_allocate(old_live, live.shape, self.shard_capacity(layout), self.shard_zeros,
-                                                 self.memory.reserve if self.memory is not None else None)
+                                                 self.shard_reserve)
         self._bind(flat)
         self._commit_holdings(step, header)
         self.step_id, self.committed_meta = step, dict(meta)

@@ -244,7 +244,7 @@ def new_live(opt, new: ShardLayout) -> np.ndarray:
     if staging is not None and opt.memory is not None:
         opt.memory.unmark(staging)
     return storage.reuse_or_allocate(staging, opt.shard_shape(new), opt.shard_capacity(new), opt.shard_zeros,
-                                     opt.memory.reserve if opt.memory is not None else None)
+                                     opt.shard_reserve)
 
 
 def rebuild_in_memory(opt, comm) -> dict:
