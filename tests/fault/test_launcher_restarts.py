@@ -94,14 +94,24 @@ def test_a_failure_that_would_repeat_is_not_relaunched(mode, reason):
         _assert_nothing_left(marker)
 
 
-def _start_hanging_job(marker: str) -> subprocess.Popen:
+def _stop_signals_at(ignored: tuple):
+    """A preexec_fn: in the child before exec, the stop signals at their default disposition but
+    ``ignored``. Never inherited: a shell starts a background job (``cmd &``) with SIGINT ignored,
+    and ``nohup`` ignores SIGHUP, and ftcomm-run keeps an ignored signal ignored."""
+    def preexec() -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN if signum in ignored else signal.SIG_DFL)
+    return preexec
+
+
+def _start_hanging_job(marker: str, ignored: tuple = ()) -> subprocess.Popen:
     """ftcomm-run with 3 ranks of hang_forever.py (rank 1 sleeps, the others wait in MPI_Finalize),
-    returned once every rank has reported."""
+    started with the stop signals in ``ignored`` ignored, returned once every rank has reported."""
     env = job_environment({"FTCOMM_FINALIZE_TIMEOUT": 120, "JOB_MARKER": marker})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))
     proc = subprocess.Popen([sys.executable, "-m", "ftcomm.launch", "-n", "3", "--timeout", "120", sys.executable,
                              str(JOBS / "hang_forever.py"), marker], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=env, text=True)
+                            stdin=subprocess.DEVNULL, env=env, text=True, preexec_fn=_stop_signals_at(ignored))
     seen = []
     deadline = time.monotonic() + 90
     while len(seen) < 3 and time.monotonic() < deadline:
@@ -130,6 +140,25 @@ def test_a_signal_to_the_launcher_ends_the_whole_job(signum):
             assert proc.returncode == 128 + signum, err
             assert f"{signal.Signals(signum).name}: ended the job" in err, err
             assert took < 10, f"ftcomm-run took {took:.1f} s to end the job"
+    finally:
+        proc.kill()
+        _assert_nothing_left(marker)
+
+
+@pytest.mark.fault
+def test_a_signal_ignored_when_the_launcher_starts_stays_ignored():
+    # as under ``nohup ftcomm-run ...``: SIGHUP ignored; SIGTERM still ends the job
+    marker = f"nohup-{uuid.uuid4().hex[:8]}"
+    proc = _start_hanging_job(marker, ignored=(signal.SIGHUP,))
+    try:
+        proc.send_signal(signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        assert len(_job_processes(marker)) >= 4, _job_processes(marker)  # ftcomm-run, mpirun, ranks
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert "SIGTERM: ended the job" in err and "SIGHUP" not in err, err
     finally:
         proc.kill()
         _assert_nothing_left(marker)
