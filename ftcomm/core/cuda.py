@@ -59,15 +59,20 @@ def data_plane_status(cuda: bool | None = None) -> str:
     """Which data plane the torch backend's collectives take, and why, in words: CUDA tensors
     (when ``cuda``, default ``cuda_available()``) are staged through page-locked host memory, since
     Open MPI's fault-tolerant transports take no device memory; a resilient step's gradient buckets
-    then go through FTCOMM_DATA_PLANE's plane (ftcomm's ring, or an inner gloo group), everything
-    else through ftcomm's ring. NCCL is not a data plane of this version (docs/GPU.md)."""
-    plane = settings.data_plane()
-    buckets = ("an inner gloo group (FTCOMM_DATA_PLANE=gloo)" if plane == "gloo"
-               else "ftcomm's ring (FTCOMM_DATA_PLANE=ring)")
+    then go through FTCOMM_DATA_PLANE's plane (ftcomm's ring, or an inner gloo group; the ring
+    while the corruption guard is on), and so does ZeRO's parameter allgather; everything else
+    through ftcomm's ring. NCCL is not a data plane of this version (docs/GPU.md)."""
+    gloo = settings.data_plane() == "gloo"
+    plane = "an inner gloo group (FTCOMM_DATA_PLANE=gloo)" if gloo else "ftcomm's ring (FTCOMM_DATA_PLANE=ring)"
+    buckets = plane
+    if gloo and (settings.checksums() or settings.fingerprints()):
+        buckets = ("ftcomm's ring, not the gloo plane: the corruption guard (FTCOMM_CHECKSUMS, "
+                   "FTCOMM_FINGERPRINTS) needs the ring's own agreements")
     staged = "CUDA tensors are staged through page-locked host memory; " if (
         cuda_available() if cuda is None else cuda) else ""
-    return (f"data plane: {staged}a resilient step's gradient buckets go through {buckets}, other collectives "
-            "through ftcomm's ring; NCCL is not a data plane of this version")
+    return (f"data plane: {staged}a resilient step's gradient buckets go through {buckets}; ZeRO's parameter "
+            f"allgather through {plane}; other collectives through ftcomm's ring; NCCL is not a data plane of "
+            "this version")
 
 
 def cuda_aware_mpi() -> bool | None:

@@ -104,6 +104,10 @@ class ShardedOptimizer:
             global batch size, which stays exact when a shrink leaves uneven local batches) or
             "avg" (equal local batches only).
         timeout: deadline in seconds for each collective, default FTCOMM_TIMEOUT.
+        data_plane: what moves a step's parameter allgather (3. above): an object with
+            ``allgather(comm, src, dst, timeout)`` and ``abort()``, such as the torch backend's
+            inner gloo group (``ftcomm/torch/group/data_plane.py``); None (default): the
+            communicator's ring. The step's agreement over ``comm`` commits it either way.
         **defaults: the optimizer class's other arguments (betas, weight_decay, momentum, ...).
 
     Memory per rank (bytes): full params 4P + flat grads 4P + live and staging shards
@@ -131,7 +135,7 @@ class ShardedOptimizer:
 
     def __init__(self, params, comm, optimizer="adamw", lr: float | None = None, replicas: int = 1,
                  grad_op: str = "sum", timeout: float | None = None, newcomer: bool = False, device=None,
-                 **defaults):
+                 data_plane=None, **defaults):
         groups = _param_groups(params)
         self.params = [p for g in groups for p in g["params"]]
         for i, p in enumerate(self.params):
@@ -139,6 +143,7 @@ class ShardedOptimizer:
                 raise ValueError(f"ShardedOptimizer takes float32 CPU parameters that require grad; parameter "
                                  f"{i} is {p.dtype} on {p.device}, requires_grad={p.requires_grad}")
         self.comm, self.timeout, self.grad_op = comm, timeout, grad_op
+        self.data_plane = data_plane
         cls, kwargs = resolve(optimizer, defaults if lr is None else {**defaults, "lr": lr})
         self.stepper = ShardStepper(cls, kwargs, _group_ranges(groups))
         self.scalars: list | None = None  # per group, the committed step's scalars (None: no step yet)
@@ -330,7 +335,7 @@ class ShardedOptimizer:
             fault.point("param_allgather", self.comm.world_rank, step)
             if self.device is not None:
                 self.device.wait_params()  # the new parameters' copy to the host
-            self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
+            self._allgather_params()
             clock.mark("allgather")
             fault.point("replicate", self.comm.world_rank, step)
             if self.device is not None:
@@ -349,10 +354,19 @@ class ShardedOptimizer:
             if self.device is not None:
                 self.device.wait_state()  # no copy into ``staging`` may outlive the step (a rebuild reuses it)
 
+    def _allgather_params(self) -> None:
+        """Every rank's new parameter shard into the model's flat parameters, uncommitted."""
+        if self.data_plane is None:
+            self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
+        else:
+            self.data_plane.allgather(self.comm, self.staging[0], self.flat, self.timeout)
+
     def _revoke_for_peers(self) -> None:
-        """Revokes the communicator so that peers waiting on this rank (in the allgather or the
-        replication) leave their waits for the step's agreement. Without ULFM there is nothing
-        to revoke: such a job ends on the error anyway."""
+        """Revokes the communicator (and aborts the data plane) so that peers waiting on this rank
+        (in the allgather or the replication) leave their waits for the step's agreement.
+        Without ULFM there is nothing to revoke: such a job ends on the error anyway."""
+        if self.data_plane is not None:
+            self.data_plane.abort()
         try:
             self.comm.revoke()
         except UlfmUnavailableError:

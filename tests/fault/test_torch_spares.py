@@ -131,9 +131,22 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(samples, plane):
     assert np.abs(values - ref_values).max() <= 1e-6 * np.abs(ref_values).max()
 
 
+def on_planes(cases: list, default_on_gloo: tuple = ()) -> list:
+    """Each case on ftcomm's ring, and on the gloo data plane (FTCOMM_DATA_PLANE=gloo, where a
+    gradient bucket's fault point is data_plane): the ids in ``default_on_gloo`` by default, the
+    others behind the matrix marker."""
+    out = []
+    for case in cases:
+        fault, *rest = case.values
+        out.append(pytest.param("ring", fault, *rest, id=f"ring-{case.id}"))
+        out.append(pytest.param("gloo", fault.replace("point=reduce_scatter", "point=data_plane"), *rest,
+                                id=f"gloo-{case.id}", marks=() if case.id in default_on_gloo else pytest.mark.matrix))
+    return out
+
+
 @pytest.mark.fault
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("fault,survivors,newcomer_ranks,redone", [
+@pytest.mark.parametrize("plane,fault,survivors,newcomer_ranks,redone", on_planes([
     # World rank 0 hosts torch's TCP store and is DDP's broadcast root; its replacement (world
     # rank 4, now rank 0) is killed in turn, and world rank 5 takes the place.
     pytest.param(f"rank=0,point=reduce_scatter,step=6,kind=kill;rank={N},point=reduce_scatter,step=15,kind=kill",
@@ -141,9 +154,9 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(samples, plane):
     # World rank 1 dies in the hand-over to the first newcomer: a second spare takes its place
     # and the hand-over starts again with two newcomers.
     pytest.param(f"{FIRST_KILL};rank=1,point=join,kind=kill", [0, 3], {1, 2}, 1, id="a survivor in the hand-over"),
-])
-def test_two_failures_two_spares_back_to_full_size(fault, survivors, newcomer_ranks, redone):
-    job = run(2, fault)
+], default_on_gloo=("a survivor in the hand-over",)))
+def test_two_failures_two_spares_back_to_full_size(plane, fault, survivors, newcomer_ranks, redone):
+    job = run(2, fault, env={"FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
     newcomers = sorted(set(finals) - set(survivors))
@@ -161,7 +174,7 @@ def test_two_failures_two_spares_back_to_full_size(fault, survivors, newcomer_ra
 
 @pytest.mark.fault
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("fault,args,env,redone", [
+@pytest.mark.parametrize("plane,fault,args,env,redone", on_planes([
     # spares exhausted: the newcomer (world rank 4) is killed in training after it joined
     pytest.param(f"{FIRST_KILL};rank={N},point=reduce_scatter,step=15,kind=kill", (), {}, 2, id="killed after joining"),
     # killed inside the hand-over: the survivors start it again with nobody to hand to
@@ -172,9 +185,9 @@ def test_two_failures_two_spares_back_to_full_size(fault, survivors, newcomer_ra
     # arrives, then hangs in the hand-over: fenced at FTCOMM_TIMEOUT (5 s), not FTCOMM_JOIN_TIMEOUT
     pytest.param(f"{FIRST_KILL};rank={N},point=join,kind=hang", (), {"FTCOMM_JOIN_TIMEOUT": "600"}, 1,
                  id="hangs in the hand-over"),
-])
-def test_newcomer_lost_with_no_spare_left_shrinks(fault, args, env, redone):
-    job = run(1, fault, *args, ftcomm_timeout=5 if env else 30, env=env)
+]))
+def test_newcomer_lost_with_no_spare_left_shrinks(plane, fault, args, env, redone):
+    job = run(1, fault, *args, ftcomm_timeout=5 if env else 30, env={**env, "FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
     assert sorted(finals) == [0, 1, 3], job.describe()

@@ -1,7 +1,8 @@
 """ftcomm.torch.ZeroRedundancyOptimizer in 4-rank DDP jobs (tests/jobs/torch_zero.py): failure-free
-against torch's own ZeroRedundancyOptimizer over gloo in the same job; a rank killed in each phase
-of a step (DDP's gradient allreduce in backward, the shard update, the parameter allgather, the
-replica update): the step is voided, the rebuilt state equals the last committed one bitwise,
+against torch's own ZeroRedundancyOptimizer over gloo in the same job; a rank killed (or exiting,
+hung, stopped) in each phase of a step (DDP's gradient allreduce in backward, the shard update,
+the parameter allgather, the replica update), on ftcomm's ring and on the gloo data plane (which
+carries the allreduce and the allgather): the step is voided, the rebuilt state equals the last committed one bitwise,
 survivors end identical, each replica equals its owner's shard; the same kills with a spare: the
 newcomer takes the dead rank's shard and the run ends where a failure-free run ends (to float
 rounding); bad input refused on every rank."""
@@ -47,13 +48,44 @@ def test_matches_torch_zero_over_gloo(optimizer):
     assert head["torch_loads_it"], head
 
 
+# Where backward's gradient buckets meet the fault on each data plane: ftcomm's ring (its
+# reduce-scatter) or an inner gloo group under ftcomm's control plane (FTCOMM_DATA_PLANE=gloo),
+# which also carries the parameter allgather.
+BACKWARD_POINT = {"ring": "reduce_scatter", "gloo": "data_plane"}
+# (data plane, phase, how): by default every phase killed on the ring, and on the gloo plane a kill
+# in both of its collectives and a stopped rank (fenced) in the allgather; the whole plane x phase
+# x (kill, exit, hang, stop) matrix with ``pytest -m matrix``.
+CELLS = [("ring", phase, "kill") for phase in PHASES] + [
+    ("gloo", "backward allreduce", "kill"), ("gloo", "parameter allgather", "kill"),
+    ("gloo", "parameter allgather", "stop")]
+MATRIX = [(plane, phase, kind) for plane in BACKWARD_POINT for phase in PHASES
+          for kind in ("kill", "exit", "hang", "stop") if (plane, phase, kind) not in CELLS]
+
+
+def _fault(victim: int, plane: str, phase: str, kind: str) -> str:
+    where = PHASES[phase].replace("reduce_scatter", BACKWARD_POINT[plane])
+    return f"rank={victim},{where},kind={kind}"
+
+
+def _completed_on_the_plane(phase: str, applied: int) -> dict:
+    """What the gloo plane completed on a survivor: every applied step's bucket and allgather, and
+    those of the voided step that ran before the victim failed."""
+    voided_reduced = phase != "backward allreduce"
+    voided_gathered = phase == "replica update"
+    return {"allreduce": applied + voided_reduced, "allgather": applied + voided_gathered}
+
+
 @pytest.mark.fault
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("phase", PHASES)
-def test_kill_in_each_phase_rebuilds_the_committed_state(phase):
+@pytest.mark.parametrize("plane,phase,kind", [pytest.param(*c, id="-".join(c)) for c in CELLS]
+                         + [pytest.param(*c, id="-".join(c), marks=pytest.mark.matrix) for c in MATRIX])
+def test_kill_in_each_phase_rebuilds_the_committed_state(plane, phase, kind):
     n, victim = 4, 2
-    job = run_job(JOBS / "torch_zero.py", n, "--mode", "kill",
-                  env={"FTCOMM_FAULT": f"rank={victim},{PHASES[phase]},kind=kill"}, timeout=160)
+    job = run_job(JOBS / "torch_zero.py", n, "--mode", "kill", timeout=160,
+                  env={"FTCOMM_FAULT": _fault(victim, plane, phase, kind), "FTCOMM_DATA_PLANE": plane,
+                       "FTCOMM_FENCE_TIMEOUT": "5",
+                       # a hung rank still answers the liveness probes: the collective's deadline finds it
+                       **({"FTCOMM_TIMEOUT": "15"} if kind == "hang" else {})})
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
     survivors = [r for r in range(n) if r != victim]
@@ -68,6 +100,37 @@ def test_kill_in_each_phase_rebuilds_the_committed_state(phase):
         assert [lost for lost, *_ in rep["recoveries"]] == [[victim]]
         assert rep["step_id"] == rep["applied"]
         assert rep["accuracy"] >= 0.75, rep
+        assert rep["plane"] == plane
+        if plane == "gloo":
+            assert rep["plane_completed"] == _completed_on_the_plane(phase, rep["applied"]), rep
+    assert len({rep["params"] for rep in finals.values()}) == 1, "survivors' parameters differ"
+    assert len({rep["state"] for rep in finals.values()}) == 1, "survivors' optimizer states differ"
+    _check_replicas_equal_their_owners(finals)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("plane", BACKWARD_POINT)
+def test_a_second_rank_killed_in_the_rebuild(plane):
+    # world rank 2 dies in step 5's allgather, world rank 3 in the rebuild that follows (of
+    # committed step 4): with two replicas per shard both shards survive, and the rebuild starts
+    # again over the last 2 ranks
+    n = 4
+    job = run_job(JOBS / "torch_zero.py", n, "--mode", "kill", "--replicas", 2, timeout=160,
+                  env={"FTCOMM_FAULT": f"{_fault(2, plane, 'parameter allgather', 'kill')};"
+                                       "rank=3,point=rebuild,step=4,kind=kill", "FTCOMM_DATA_PLANE": plane})
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1], job.describe()
+    voided = [r for r in job.reports if r["kind"] == "voided"]
+    assert len(voided) == 2 and all(r["equal"] for r in voided), voided
+    assert all(r["rebuild"] == {"from_replica": [2, 3], "old_size": n, "new_size": 2} for r in voided), voided
+    for rep in finals.values():
+        assert rep["size"] == 2 and rep["redone"] == 1 and rep["step_id"] == rep["applied"]
+        assert rep["recoveries"] == [[[2], 4, 3, "ZeroRedundancyOptimizer.step"],
+                                     [[3], 3, 2, "ZeroRedundancyOptimizer rebuild"]], rep
+        if plane == "gloo":
+            assert rep["plane_completed"] == _completed_on_the_plane("parameter allgather", rep["applied"]), rep
     assert len({rep["params"] for rep in finals.values()}) == 1, "survivors' parameters differ"
     assert len({rep["state"] for rep in finals.values()}) == 1, "survivors' optimizer states differ"
     _check_replicas_equal_their_owners(finals)
@@ -87,14 +150,21 @@ def _failure_free_values():
     return _reference["values"]
 
 
+# every phase on the ring; on the gloo plane the allgather by default, the rest behind the marker
+SPARE_CELLS = [pytest.param("ring", phase, id=f"ring-{phase}") for phase in PHASES] + [
+    pytest.param("gloo", phase, id=f"gloo-{phase}", marks=() if phase == "parameter allgather" else pytest.mark.matrix)
+    for phase in PHASES]
+
+
 @pytest.mark.fault
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("phase", PHASES)
-def test_kill_with_a_spare_ends_where_the_failure_free_run_ends(phase):
+@pytest.mark.parametrize("plane,phase", SPARE_CELLS)
+def test_kill_with_a_spare_ends_where_the_failure_free_run_ends(plane, phase):
     n, victim, spare = 4, 2, 4
     want = _failure_free_values()
     job = run_job(JOBS / "torch_zero.py", n, "--mode", "kill", timeout=160, launcher_args=("--spares", "1"),
-                  env={"FTCOMM_FAULT": f"rank={victim},{PHASES[phase]},kind=kill", "FTCOMM_TIMEOUT": "30"})
+                  env={"FTCOMM_FAULT": _fault(victim, plane, phase, "kill"), "FTCOMM_TIMEOUT": "30",
+                       "FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")
     assert sorted(finals) == [0, 1, 3, spare], job.describe()
@@ -105,7 +175,9 @@ def test_kill_with_a_spare_ends_where_the_failure_free_run_ends(phase):
     assert all(r["rebuild"] == {"from_replica": [victim], "old_size": n, "new_size": n} for r in voided)
     for rep in finals.values():
         assert rep["size"] == n and rep["applied"] == 24 and rep["redone"] == 1
-        # float rounding only: the redone step's gradient is summed in another order
+        assert rep["plane"] == plane
+        # float rounding only: the redone step's gradient is summed in another order (and on the
+        # gloo plane every step's)
         np.testing.assert_allclose(rep["values"], want, rtol=0, atol=1e-6)
     assert len({rep["state"] for rep in finals.values()}) == 1
     _check_replicas_equal_their_owners(finals)

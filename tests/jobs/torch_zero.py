@@ -134,7 +134,9 @@ else:
     engine = opt.sharded
     with torch.no_grad():
         accuracy = (model(X).argmax(1) == Y).float().mean().item()
+    plane = dist.group.WORLD.data_plane
     report(kind="final", size=dist.get_world_size(), rank=dist.get_rank(), applied=batches.steps_applied,
+           plane=plane.name, plane_completed=dict(getattr(plane, "completed", {})),
            redone=batches.steps_redone, rebuilt_equal=rebuilt_equal, accuracy=accuracy,
            params=digest(p.detach().numpy() for p in model.parameters()),
            state=digest(state[k] for k in sorted(state)), step_id=engine.step_id,

@@ -49,3 +49,14 @@ def test_cuda_status_names_the_data_plane_and_why(monkeypatch, plane, named):
     assert "NCCL is not a data plane" in cuda.cuda_status()
     assert cuda.data_plane_status(cuda=True).startswith("data plane: CUDA tensors are staged through page-locked")
     assert "staged" not in cuda.data_plane_status(cuda=False)
+
+
+@pytest.mark.parametrize("guard", ["FTCOMM_CHECKSUMS", "FTCOMM_FINGERPRINTS"])
+def test_cuda_status_says_the_corruption_guard_keeps_the_buckets_on_the_ring(monkeypatch, guard):
+    from ftcomm.core import cuda
+
+    monkeypatch.setenv("FTCOMM_DATA_PLANE", "gloo")
+    monkeypatch.setenv(guard, "1")
+    status = cuda.data_plane_status(cuda=False)
+    assert "gradient buckets go through ftcomm's ring, not the gloo plane: the corruption guard" in status
+    assert "ZeRO's parameter allgather through an inner gloo group" in status

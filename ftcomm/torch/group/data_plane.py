@@ -10,10 +10,16 @@ fails (or is made to fail) when a peer dies:
 - ``GlooPlane`` (``gloo_plane.py``): an inner torch gloo group over the same ranks, made anew
   after each recovery.
 
-A plane is one object per process group with one call, ``allreduce(comm, tensors, op, timeout)``:
-reduce the host tensors in place over ``comm``'s ranks, uncommitted, and return the step id the
-failure or success is reported at. A failure raises an ``FtError`` on this rank (the step's
-agreement makes the outcome uniform); nothing else is promised about the tensors then.
+A plane is one object per process group with three calls:
+
+- ``allreduce(comm, tensors, op, timeout)``: reduce the host tensors in place over ``comm``'s
+  ranks, uncommitted, and return the step id the failure or success is reported at;
+- ``allgather(comm, src, dst, timeout)``: gather every rank's 1-D numpy ``src`` into ``dst`` in
+  rank order, uncommitted (ZeRO's parameter allgather: ``ShardedOptimizer(data_plane=...)``);
+- ``abort()``: after a local error, end this rank's part so that peers waiting on it fail now.
+
+A failure raises an ``FtError`` on this rank (the step's agreement makes the outcome uniform);
+nothing else is promised about the buffers then.
 """
 from __future__ import annotations
 
@@ -27,6 +33,12 @@ class RingPlane:
 
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
         return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
+
+    def allgather(self, comm, src, dst, timeout) -> None:
+        comm.allgather(src, dst, timeout=timeout)
+
+    def abort(self) -> None:
+        """Nothing: the caller revokes the communicator, which ends the ring's waits."""
 
 
 def for_setting():

@@ -1,4 +1,5 @@
-"""The gloo data plane: a resilient step's gradient buckets through an inner torch gloo group.
+"""The gloo data plane: a resilient step's gradient buckets and ZeRO's parameter allgather
+through an inner torch gloo group.
 
 The inner group spans the ranks of the ftcomm communicator it was made for, in the same order.
 Its rendezvous store is a ``TCPStore`` that the communicator's rank 0 opens on a free port; the
@@ -16,6 +17,7 @@ step on every rank and the group recovers, after which the next bucket makes a n
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import socket
@@ -24,6 +26,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
 
 from ... import settings
 from ...core import fault, liveness
@@ -41,6 +44,7 @@ class GlooPlane:
 
     Attributes:
         groups_made: inner groups made so far (1 + the recoveries that needed one).
+        completed: collectives that completed here, by name ("allreduce", "allgather").
     """
 
     name = "gloo"
@@ -50,6 +54,7 @@ class GlooPlane:
         self._group = None
         self._store = None  # rank 0's TCPStore serves the rendezvous as long as the group lives
         self.groups_made = 0
+        self.completed: collections.Counter = collections.Counter()
 
     def allreduce(self, comm, tensors: list[torch.Tensor], op: str, timeout) -> int:
         """Reduces the CPU ``tensors`` in place over ``comm``'s ranks (several: as one bucket, each
@@ -61,23 +66,53 @@ class GlooPlane:
             FtError: the communicator failed while the group was being made.
         """
         step = comm.reserve_uncommitted_step()
-        group = self._group_for(comm, timeout)
-        fault.point("data_plane", comm.world_rank, step)
         opts = dist.AllreduceCoalescedOptions() if len(tensors) > 1 else dist.AllreduceOptions()
         opts.reduceOp = _OPS[op]
         opts.timeout = _deadline(timeout)
-        failure = _run(group, tensors, opts, comm)
+
+        def start(group):
+            return group.allreduce_coalesced(tensors, opts) if len(tensors) > 1 else group.allreduce(tensors, opts)
+
+        self._collective(comm, timeout, step, "allreduce", start, point="data_plane")
+        if op == "avg":
+            for t in tensors:
+                t.div_(comm.size)
+        return step
+
+    def allgather(self, comm, src: np.ndarray, dst: np.ndarray, timeout) -> None:
+        """Gathers every rank's contiguous 1-D ``src`` (the same length and dtype on every rank)
+        into the contiguous ``dst`` of ``comm.size * src.size`` elements, in rank order,
+        uncommitted: the caller's agreement commits it (ZeRO's parameter allgather).
+
+        Raises:
+            ProcFailedError, FtError: as ``allreduce``; ``dst`` is then undefined.
+        """
+        opts = _c10d.AllgatherOptions()
+        opts.timeout = _deadline(timeout)
+        out, inp = torch.from_numpy(dst.reshape(-1)), torch.from_numpy(src.reshape(-1))
+        self._collective(comm, timeout, comm.last_committed_step + 1, "allgather",
+                         lambda group: group._allgather_base(out, inp, opts))
+
+    def abort(self) -> None:
+        """Ends this rank's part in the inner group after a local error: its connections close,
+        so peers waiting on this rank in a collective fail now instead of at the deadline."""
+        self.close()
+
+    def _collective(self, comm, timeout, step: int, name: str, start, point: str | None = None) -> None:
+        """Runs ``start(group)``'s collective on the inner group for ``comm`` and waits for it; on
+        failure closes the group and raises ``ProcFailedError`` at ``step``."""
+        group = self._group_for(comm, timeout)
+        if point:
+            fault.point(point, comm.world_rank, step)
+        failure = _run(group, start, comm)
         if failure is not None:
             # Nothing may keep the group or its context alive (not even a traceback's frame): its
             # connections close now, and peers still waiting on this rank in it fail too.
             group = None  # noqa: F841
             self.close()
-            raise ProcFailedError(f"gloo data plane: allreduce failed on world rank {comm.world_rank}: {failure}",
+            raise ProcFailedError(f"gloo data plane: {name} failed on world rank {comm.world_rank}: {failure}",
                                   step=step)
-        if op == "avg":
-            for t in tensors:
-                t.div_(comm.size)
-        return step
+        self.completed[name] += 1
 
     def close(self) -> None:
         """Drops the inner group (its connections close) and the store."""
@@ -102,8 +137,8 @@ class GlooPlane:
         return self._group
 
 
-def _run(group, tensors, opts, comm) -> str | None:
-    """Runs the allreduce and waits for it; None when it succeeded, else gloo's error text (a
+def _run(group, start, comm) -> str | None:
+    """Runs ``start(group)``'s collective and waits for it; None when it succeeded, else gloo's error text (a
     string: an exception would keep this frame, and with it the collective, alive).
 
     Once it has waited the fence timeout, it SIGKILLs any peer on this host that has been silent
@@ -115,7 +150,7 @@ def _run(group, tensors, opts, comm) -> str | None:
     after = liveness.fence_timeout()
     peers = [w for w in comm.world_ranks if w != comm.world_rank]
     try:
-        work = group.allreduce_coalesced(tensors, opts) if len(tensors) > 1 else group.allreduce(tensors, opts)
+        work = start(group)
         start = time.monotonic()
         while not _done(work, _POLL):
             if fence and time.monotonic() - start >= after:

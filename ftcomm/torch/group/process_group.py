@@ -163,6 +163,12 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         """Deadline of each collective, seconds."""
         return self._timeout
 
+    @property
+    def data_plane(self):
+        """What moves a resilient step's uncommitted buckets and ZeRO's parameter allgather
+        (``data_plane.py``: the ring, or an inner gloo group under FTCOMM_DATA_PLANE=gloo)."""
+        return self._plane
+
     def getRank(self) -> int:  # noqa: N802 (C++ virtual name)
         return self.comm.rank
 

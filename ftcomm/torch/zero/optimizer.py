@@ -149,7 +149,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             shard_on_device = DeviceShard(self._master.device_params)
         engine = ShardedOptimizer(self._master.groups, comm, self.optimizer_class, replicas=self._replicas,
                                   timeout=self._pg.timeout, newcomer=newcomer, device=shard_on_device,
-                                  **self._kwargs)
+                                  data_plane=self._pg.data_plane, **self._kwargs)
         if not newcomer:
             self._master.params_to_device()  # rank 0's parameters, as the engine broadcast them
         return engine
