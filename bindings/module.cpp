@@ -172,6 +172,7 @@ void RegisterEnums(py::module_& m) {
       .value("REDUCE_SCATTER", ftcomm::Tag::kReduceScatter)
       .value("ALLGATHER", ftcomm::Tag::kAllgather)
       .value("BROADCAST", ftcomm::Tag::kBroadcast)
+      .value("ALLTOALL", ftcomm::Tag::kAllToAll)
       .value("SUBGROUP", ftcomm::Tag::kSubgroup)
       .value("REPLICA", ftcomm::Tag::kReplica)
       .value("RESHARD", ftcomm::Tag::kReshard)

@@ -69,6 +69,7 @@ class Tag(IntEnum):
     RING_SUM = 7004
     ALLGATHER = 7101
     BROADCAST = 7102
+    ALLTOALL = 7103
     SUBGROUP = 7200
     REPLICA = 7301
     RESHARD = 7302

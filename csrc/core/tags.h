@@ -13,6 +13,7 @@ enum class Tag : int {
   kReduceScatterSum = 7005,  // the ring reduce-scatter's per-step chunk checksums (same file)
   kAllgather = 7101,     // Communicator.allgather's ring (ftcomm/core/p2p.py)
   kBroadcast = 7102,     // Communicator.broadcast's binomial tree (ftcomm/core/p2p.py)
+  kAllToAll = 7103,      // the torch backend's all-to-all (ftcomm/torch/group/alltoall.py)
   kSubgroup = 7200,      // MPI_Comm_create_group of torch subgroups, this and up (ftcomm/torch/backend.py)
   kReplica = 7301,       // shard replicas to buddies (ftcomm/training/replica.py)
   kReshard = 7302,       // re-shard pieces during a rebuild (ftcomm/training/rebuild.py)

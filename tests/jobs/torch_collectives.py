@@ -1,5 +1,7 @@
 """Job (2-4 ranks): every collective of the ftcomm torch backend against gloo's result in the same
-job, unsupported ops, and DDP gradients/parameters after AdamW steps with ftcomm vs gloo."""
+job (allreduce, broadcast, the allgathers and reduce-scatters and their coalesced forms, reduce,
+gather, scatter, all-to-all), unsupported ops, bad input refused on every rank, and DDP
+gradients/parameters after AdamW steps with ftcomm vs gloo."""
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -16,8 +18,9 @@ RANK, N = dist.get_rank(), dist.get_world_size()
 R = dist.ReduceOp
 
 
-def data(shape, dtype, seed):
-    g = torch.Generator().manual_seed(seed * 97 + RANK)
+def data(shape, dtype, seed, rank=None):
+    """Rank ``rank``'s (default this rank's) test tensor for ``seed``."""
+    g = torch.Generator().manual_seed(seed * 97 + (RANK if rank is None else rank))
     # small integers: every reduction order gives the same floating-point result
     return torch.randint(-8, 9, shape, generator=g).to(dtype)
 
@@ -121,6 +124,85 @@ mine = y[dist.get_rank() * 100:(dist.get_rank() + 1) * 100]
 dist.reduce_scatter_tensor(mine, y, group=FT)
 check("reduce_scatter_tensor_in_place", mine, b)
 
+# reduce from each root (the other ranks' tensors unchanged), gather, scatter
+for root in range(N):
+    for op, name in ((R.SUM, "sum"), (R.MAX, "max")):
+        x = data((300,), torch.float32, 20 + root)
+        a, b = x.clone(), x.clone()
+        dist.reduce(a, dst=root, op=op, group=FT)
+        dist.reduce(b, dst=root, op=op, group=GLOO)
+        check(f"reduce_{name}_root{root}", a, b if RANK == root else x)
+    x = data((4, 3), torch.int64, 24 + root)
+    outs_a = [torch.empty_like(x) for _ in range(N)] if RANK == root else None
+    outs_b = [torch.empty_like(x) for _ in range(N)] if RANK == root else None
+    dist.gather(x, outs_a, dst=root, group=FT)
+    dist.gather(x, outs_b, dst=root, group=GLOO)
+    if RANK == root:
+        for j in range(N):
+            check(f"gather_root{root}_{j}", outs_a[j], outs_b[j])
+    ins = [data((5,), torch.float64, 28 + root * N + j) for j in range(N)] if RANK == root else None
+    a, b = torch.empty(5, dtype=torch.float64), torch.empty(5, dtype=torch.float64)
+    dist.scatter(a, ins, src=root, group=FT)
+    dist.scatter(b, ins, src=root, group=GLOO)
+    check(f"scatter_root{root}", a, b)
+
+# all_to_all_single: even blocks, uneven splits (rank i sends i + j + 1 rows to rank j), and the
+# list form with blocks of different sizes
+x = data((N * 3, 2), torch.float32, 50)
+a, b = torch.empty_like(x), torch.empty_like(x)
+dist.all_to_all_single(a, x, group=FT)
+dist.all_to_all_single(b, x, group=GLOO)
+check("all_to_all_single_even", a, b)
+send = [RANK + j + 1 for j in range(N)]
+recv = [j + RANK + 1 for j in range(N)]
+x = data((sum(send), 3), torch.int32, 51)
+a, b = torch.empty(sum(recv), 3, dtype=torch.int32), torch.empty(sum(recv), 3, dtype=torch.int32)
+dist.all_to_all_single(a, x, output_split_sizes=recv, input_split_sizes=send, group=FT)
+dist.all_to_all_single(b, x, output_split_sizes=recv, input_split_sizes=send, group=GLOO)
+check("all_to_all_single_uneven", a, b)
+ins = [data((2, 3), torch.float32, 52 + j) for j in range(N)]
+outs_a = [torch.empty(2, 3) for _ in range(N)]
+outs_b = [torch.empty(2, 3) for _ in range(N)]
+dist.all_to_all(outs_a, ins, group=FT)
+dist.all_to_all(outs_b, ins, group=GLOO)
+for j in range(N):
+    check(f"all_to_all_{j}", outs_a[j], outs_b[j])
+# blocks of different sizes (gloo's list form takes equal ones only): rank i sends i + 2j + 1
+# elements to rank j
+ins = [data((RANK + 2 * j + 1,), torch.int64, 56 + j) for j in range(N)]
+outs_a = [torch.empty(j + 2 * RANK + 1, dtype=torch.int64) for j in range(N)]
+dist.all_to_all(outs_a, ins, group=FT)
+for j in range(N):
+    check(f"all_to_all_uneven_{j}", outs_a[j], data((j + 2 * RANK + 1,), torch.int64, 56 + RANK, rank=j))
+
+# coalesced allgathers and reduce-scatters (torch's coalescing manager), against gloo one by one
+xs = [data((7,), torch.float32, 60), data((2, 3), torch.float32, 61)]
+outs_a = [torch.empty(N * t.numel()) for t in xs]
+with dist._coalescing_manager(group=FT):
+    for o, t in zip(outs_a, xs):
+        dist.all_gather_into_tensor(o, t.reshape(-1), group=FT)
+for j, (o, t) in enumerate(zip(outs_a, xs)):
+    b = torch.empty(N * t.numel())
+    dist.all_gather_into_tensor(b, t.reshape(-1), group=GLOO)
+    check(f"all_gather_into_tensor_coalesced_{j}", o, b)
+xs = [data((N * 4,), torch.float32, 62), data((N * 2,), torch.float32, 63)]
+outs_a = [torch.empty(t.numel() // N) for t in xs]
+with dist._coalescing_manager(group=FT):
+    for o, t in zip(outs_a, xs):
+        dist.reduce_scatter_tensor(o, t, group=FT)
+for j, (o, t) in enumerate(zip(outs_a, xs)):
+    b = torch.empty(t.numel() // N)
+    dist.reduce_scatter_tensor(b, t, group=GLOO)
+    check(f"reduce_scatter_tensor_coalesced_{j}", o, b)
+ins = [data((3,), torch.float32, 64), data((2,), torch.float32, 65)]
+outs_a = [[torch.empty_like(t) for _ in range(N)] for t in ins]
+FT.allgather_coalesced(outs_a, ins).wait()
+for i, t in enumerate(ins):
+    outs_b = [torch.empty_like(t) for _ in range(N)]
+    dist.all_gather(outs_b, t, group=GLOO)
+    for j in range(N):
+        check(f"all_gather_coalesced_{i}_{j}", outs_a[i][j], outs_b[j])
+
 dist.barrier()
 barrier_work = FT.barrier()
 barrier_ok = barrier_work.wait() and barrier_work.is_completed() and barrier_work.is_success()
@@ -129,10 +211,8 @@ barrier_ok = barrier_work.wait() and barrier_work.is_completed() and barrier_wor
 unsupported = {}
 attempts = {
     "BAND": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=R.BAND),
-    "reduce": lambda: dist.reduce(torch.ones(2), dst=0),
-    "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(N), torch.ones(N)),
     "send": lambda: dist.send(torch.ones(2), dst=(RANK + 1) % N),
-    "gather": lambda: dist.gather(torch.ones(2), [torch.empty(2) for _ in range(N)] if RANK == 0 else None, dst=0),
+    "recv": lambda: dist.recv(torch.ones(2), src=(RANK + 1) % N),
 }
 for name, fn in attempts.items():
     try:
@@ -161,6 +241,15 @@ bad_cases = {
     "all_gather_into_tensor_output": lambda: dist.all_gather_into_tensor(sized(N * 3, N * 3 + 1), torch.ones(3)),
     "reduce_scatter_tensor_output": lambda: dist.reduce_scatter_tensor(sized(3, 2), torch.ones(N * 3)),
     "reduce_scatter_input": lambda: dist.reduce_scatter(torch.empty(3), [sized(3, 4)] + [torch.ones(3)] * (N - 1)),
+    # the root (rank 1) holds an output, or an input, of the wrong size
+    "gather_output": lambda: dist.gather(torch.ones(3), [sized(3, 4) for _ in range(N)] if RANK == BAD else None,
+                                         dst=BAD),
+    "scatter_input": lambda: dist.scatter(torch.empty(3), [sized(3, 2) for _ in range(N)] if RANK == BAD else None,
+                                          src=BAD),
+    # rank 1 sends 2 rows to rank 0, which expects 1
+    "all_to_all_single_splits": lambda: dist.all_to_all_single(
+        torch.empty(N), torch.ones(N + (1 if RANK == BAD else 0)), output_split_sizes=[1] * N,
+        input_split_sizes=[2 if j == 0 else 1 for j in range(N)] if RANK == BAD else [1] * N),
 }
 bad_input = {}
 for name, fn in bad_cases.items():

@@ -1,5 +1,6 @@
 """One-process checks of ftcomm.torch: registration, env defaults, a size-1 group's collectives and
 Work objects, unsupported ops, the sample re-split arithmetic and the voided-step optimizer hook."""
+import datetime
 import os
 
 import pytest
@@ -73,10 +74,36 @@ def test_unsupported_reduce_op_names_it(group, op):
         dist.all_reduce(torch.ones(2, dtype=torch.int64), op=getattr(dist.ReduceOp, op))
 
 
+def test_size_one_rooted_and_all_to_all(group):
+    t = torch.arange(4, dtype=torch.float64)
+    dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+    assert torch.equal(t, torch.arange(4.0, dtype=torch.float64))
+    out = [torch.empty(2, 2, dtype=torch.int32)]
+    dist.gather(torch.tensor([[1, 2], [3, 4]], dtype=torch.int32), out, dst=0)
+    assert out[0].tolist() == [[1, 2], [3, 4]]
+    got = torch.empty(3)
+    dist.scatter(got, [torch.tensor([5.0, 6.0, 7.0])], src=0)
+    assert got.tolist() == [5.0, 6.0, 7.0]
+    a2a = torch.empty(3, 2)
+    dist.all_to_all_single(a2a, torch.arange(6.0).view(3, 2))
+    assert torch.equal(a2a, torch.arange(6.0).view(3, 2))
+    outs = [torch.empty(5, dtype=torch.int64)]
+    dist.all_to_all(outs, [torch.arange(5)])
+    assert outs[0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_all_to_all_splits_that_do_not_add_up_name_the_rank_and_value(group):
+    with pytest.raises(ValueError, match=r"world rank 0 gives split sizes that add up to 5"):
+        dist.all_to_all_single(torch.empty(4), torch.ones(4), output_split_sizes=[4], input_split_sizes=[5])
+    with pytest.raises(ValueError, match=r"world rank 0 gives 2 split sizes for a group of 1"):
+        dist.all_to_all_single(torch.empty(4), torch.ones(4), output_split_sizes=[4], input_split_sizes=[2, 2])
+
+
 @pytest.mark.parametrize("call,name", [
-    (lambda: dist.reduce(torch.ones(2), dst=0), "reduce"),
-    (lambda: dist.all_to_all_single(torch.empty(1), torch.ones(1)), "all_to_all_single"),
-    (lambda: dist.scatter(torch.empty(1), [torch.ones(1)], src=0), "scatter"),
+    (lambda: dist.group.WORLD.send([torch.ones(2)], 0, 0), "send"),  # torch refuses a send to oneself
+    (lambda: dist.group.WORLD.recv([torch.ones(2)], 0, 0), "recv"),
+    # dist.monitored_barrier itself refuses every backend but gloo (torch 2.13-2.15)
+    (lambda: dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=5)), "monitored_barrier"),
 ])
 def test_unsupported_collective_names_it(group, call, name):
     with pytest.raises(NotImplementedError, match=name):

@@ -16,8 +16,14 @@ allreduce / allreduce_coalesced             ``Communicator.allreduce`` (one comm
 broadcast                                   ``Communicator.broadcast`` + ``agree``           binomial tree
 allgather, all_gather_into_tensor           ``Communicator.allgather`` (ring) + ``agree``    (N-1) x S
 reduce_scatter, reduce_scatter_tensor       ``Communicator.reduce_scatter`` (committed step)  (N-1)/N x size of the input
+reduce                                      ``Communicator.allreduce`` (a copy off the root)  2(N-1)/N x size
+gather                                      ``Communicator.allgather`` (ring) + ``agree``    (N-1) x S
+scatter                                     ``Communicator.broadcast`` + ``agree``           binomial tree of N x S
+all_to_all_single, all_to_all               ``Communicator.exchange`` + ``agree``            what it sends and receives
 barrier                                     ``Communicator.barrier`` + ``agree``             --
 ==========================================  ==============================================  ==============================
+
+The rooted collectives are in ``rooted.py``, all-to-all in ``alltoall.py``.
 
 Ops: sum, avg, min, max, product. Failure handling (see ``loader.py``): every survivor sees a
 failure at the same collective (allreduce's commit protocol; the other collectives end with a
@@ -38,9 +44,10 @@ from ...core.events import between
 from ...core.outcome import agreed, redone_on_corruption, retrying
 from ...errors import FtError, ProcFailedError, RevokedError
 from ...membership import spares
-from . import data_plane
+from . import alltoall, data_plane, rooted
 from .device import Staging
 from .executor import EXECUTOR
+from .host_bytes import byte_view
 from .step_commit import StepCommit
 from .step_state import in_resilient_step, join_ready, note_recovery
 from .work import FtWork, completed_work, make_future
@@ -51,7 +58,9 @@ _R = dist.ReduceOp.RedOpType
 _OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.MIN: "min", _R.MAX: "max", _R.PRODUCT: "prod"}
 
 SUPPORTED = ("allreduce (SUM, AVG, MIN, MAX, PRODUCT), allreduce_coalesced, broadcast, allgather, "
-             "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, barrier")
+             "all_gather_into_tensor, all_gather_coalesced, all_gather_into_tensor_coalesced, reduce_scatter, "
+             "reduce_scatter_tensor, reduce_scatter_tensor_coalesced, reduce, gather, scatter, all_to_all, "
+             "all_to_all_single, barrier")
 
 
 def _unsupported(name: str):
@@ -98,14 +107,13 @@ def _reduce_scatter_into(comm, whole: torch.Tensor, out: torch.Tensor, op: str, 
     out.copy_(tmp.view_as(out))
 
 
-def _byte_view(t: torch.Tensor):
-    """A uint8 numpy view of a contiguous CPU tensor's memory (any dtype; shares memory)."""
-    return t.reshape(-1).view(torch.uint8).numpy()
-
-
 class _ShapeChanged(ProcFailedError):
     """A collective whose shapes depend on the world size cannot be redone after a shrink. Raised
     alike on every rank before any communication, so it needs no agreement."""
+
+
+# Failures raised alike on every survivor before any communication: no agreement, no recovery.
+_NOT_REDONE = (_ShapeChanged, rooted.RootLost)
 
 
 class ProcessGroupFtcomm(dist.ProcessGroup):
@@ -225,7 +233,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
         def recover_or_raise(error) -> None:
             comm = self.comm
-            if isinstance(error, _ShapeChanged) or not comm.ft_enabled or not self._recover(comm, name, error):
+            if isinstance(error, _NOT_REDONE) or not comm.ft_enabled or not self._recover(comm, name, error):
                 raise error
 
         for attempt in retrying(None, on_failure=recover_or_raise):
@@ -238,7 +246,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             return
         # Collectives built on point-to-point have a local outcome: agree on it, so that every
         # survivor either succeeds or fails (and recovers) at this same collective.
-        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError), keep=(_ShapeChanged,)):
+        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError), keep=_NOT_REDONE):
             fn(comm)
 
     def _recover(self, comm, name: str, exc: FtError) -> bool:
@@ -370,7 +378,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             # broadcast's input check, where a length that differs is an error on every rank.
             for t in map(staging.host, tensors):
                 buf = t if t.is_contiguous() else t.contiguous()
-                comm.broadcast(_byte_view(buf), root=r, timeout=self._timeout)
+                comm.broadcast(byte_view(buf), root=r, timeout=self._timeout)
                 if buf is not t:
                     t.copy_(buf)
 
@@ -398,7 +406,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 # As many elements as the outputs hold: an output of another size than the input
                 # makes the allgather's input check fail on every rank (empty tensors included).
                 flat = torch.empty(sum(o.numel() for o in out), dtype=src.dtype)
-                comm.allgather(_byte_view(src), _byte_view(flat), timeout=self._timeout)
+                comm.allgather(byte_view(src), byte_view(flat), timeout=self._timeout)
                 flat = flat.view((n,) + tuple(src.shape))
                 for j, o in enumerate(out):
                     staging.host(o).copy_(flat[j].view_as(o))
@@ -426,7 +434,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             # A wrong output size is found by the allgather's input check, on every rank.
             src, out = staging.host(input).contiguous(), staging.host(output)
             dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-            comm.allgather(_byte_view(src), _byte_view(dst), timeout=self._timeout)
+            comm.allgather(byte_view(src), byte_view(dst), timeout=self._timeout)
             if dst is not out:
                 out.copy_(dst)
 
@@ -493,21 +501,123 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
         return self._submit("barrier", [], fn, uniform=False, local=_nothing)
 
+    def allgather_coalesced(self, output_lists, input_list, opts=None) -> FtWork:
+        """``dist.all_gather_coalesced``: as ``allgather``, one output list per input."""
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> FtWork:
+        """``all_gather_into_tensor`` of each (output, input) pair, in one Work (torch's
+        coalescing manager)."""
+        return self._each_pair("all_gather_into_tensor_coalesced", self.all_gather_single, outputs, inputs, opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> FtWork:
+        """``reduce_scatter_tensor`` of each (output, input) pair, in one Work."""
+        return self._each_pair("reduce_scatter_tensor_coalesced", self.reduce_scatter_single, outputs, inputs, opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _each_pair(self, name: str, single, outputs, inputs, opts) -> FtWork:
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{name}: {len(outputs)} outputs for {len(inputs)} inputs")
+        works = [single(o, i, opts) for o, i in zip(outputs, inputs)]  # queued in order
+        # One Work for them all: done when every pair's is, failed with the first pair's error.
+        joined = torch.futures.collect_all([w.get_future() for w in works])
+        return FtWork(joined.then(lambda fut: [f.value() for f in fut.value()] and outputs), name)
+
+    def reduce(self, tensors, opts=None) -> FtWork:
+        """``dist.reduce``: the root's tensor (``opts.rootRank``) receives the reduction over
+        ranks; the others' are left as they were. ``rooted.py``."""
+        op = _reduce_op(opts, "reduce")
+        (tensor,) = tensors
+        _check_devices([tensor], "reduce")
+        root_world = self._root_world(opts, "reduce")
+        staging = Staging(inout=[tensor])
+        return self._submit("reduce", [tensor], lambda comm: rooted.reduce(comm, staging.host(tensor), root_world, op,
+                                                                           self._timeout),
+                            uniform=True, staging=staging)
+
+    def gather(self, output_tensors, input_tensors, opts=None) -> FtWork:
+        """``dist.gather``: the root's ``output_tensors[0][j]`` receives rank j's input.
+        ``rooted.py``."""
+        (tensor,) = input_tensors
+        outs = list(output_tensors[0]) if output_tensors else []
+        _check_devices([tensor, *outs], "gather")
+        root_world = self._root_world(opts, "gather")
+        staging = Staging(inputs=[tensor], outputs=outs)
+        size = self.comm.size
+
+        def fn(comm):
+            if outs and comm.size != size:
+                raise _ShapeChanged(f"gather: {len(outs)} outputs for a group of {comm.size}")
+            rooted.gather(comm, [staging.host(o) for o in outs], staging.host(tensor), root_world, self._timeout)
+
+        return self._submit("gather", output_tensors, fn, uniform=False, staging=staging)
+
+    def scatter(self, output_tensors, input_tensors, opts=None) -> FtWork:
+        """``dist.scatter``: rank j's ``output_tensors[0]`` receives the root's
+        ``input_tensors[0][j]``. ``rooted.py``."""
+        (tensor,) = output_tensors
+        ins = list(input_tensors[0]) if input_tensors else []
+        _check_devices([tensor, *ins], "scatter")
+        root_world = self._root_world(opts, "scatter")
+        staging = Staging(inputs=ins, outputs=[tensor])
+        size = self.comm.size
+
+        def fn(comm):
+            if ins and comm.size != size:
+                raise _ShapeChanged(f"scatter: {len(ins)} inputs for a group of {comm.size}")
+            rooted.scatter(comm, staging.host(tensor), [staging.host(t) for t in ins], root_world, self._timeout)
+
+        return self._submit("scatter", [tensor], fn, uniform=False, staging=staging)
+
+    def _root_world(self, opts, name: str) -> int:
+        """The world rank of ``opts.rootRank``.
+
+        Raises:
+            ValueError: a root outside the group (on this rank; torch checks it first).
+        """
+        root, comm = (0 if opts is None else int(opts.rootRank)), self.comm
+        if not 0 <= root < comm.size:
+            raise ValueError(f"{name}: root {root} is outside 0..{comm.size - 1}")
+        return comm.world_ranks[root]
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None) -> FtWork:  # noqa: A002
+        """``dist.all_to_all_single``: ``output``'s block j (rows of dim 0; even blocks when no
+        split sizes are given) receives rank j's block for this rank of ``input``. Split sizes
+        that do not pair up are an ``InvalidInputError`` on every rank. ``alltoall.py``."""
+        _check_devices([output, input], "all_to_all_single")
+        outs, ins = list(output_split_sizes or []), list(input_split_sizes or [])
+        staging = Staging(inputs=[input], outputs=[output])
+        size = self.comm.size
+
+        def fn(comm):
+            if comm.size != size and not (outs or ins):
+                raise _ShapeChanged(f"all_to_all_single: even blocks for a group of {size}, now {comm.size}")
+            alltoall.alltoall_single(comm, staging.host(output), staging.host(input), outs, ins, self._timeout)
+
+        return self._submit("all_to_all_single", [output], fn, uniform=False, staging=staging)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None) -> FtWork:
+        """``dist.all_to_all``: ``output_tensors[j]`` receives rank j's ``input_tensors[rank]``.
+        ``alltoall.py``."""
+        outs, ins = list(output_tensors), list(input_tensors)
+        _check_devices(outs + ins, "all_to_all")
+        staging = Staging(inputs=ins, outputs=outs)
+
+        def fn(comm):
+            alltoall.alltoall(comm, [staging.host(t) for t in outs], [staging.host(t) for t in ins], self._timeout)
+
+        return self._submit("all_to_all", outs, fn, uniform=False, staging=staging)
+
     # -- not implemented --------------------------------------------------------------------
-    reduce = _unsupported("reduce")
-    gather = _unsupported("gather")
-    scatter = _unsupported("scatter")
-    alltoall = _unsupported("alltoall")
-    alltoall_base = _unsupported("alltoall_base (all_to_all_single)")
-    all_to_all_single = _unsupported("all_to_all_single")
     send = _unsupported("send")
     recv = _unsupported("recv")
     recv_anysource = _unsupported("recv_anysource")
-    allgather_coalesced = _unsupported("allgather_coalesced")
-    allgather_into_tensor_coalesced = _unsupported("allgather_into_tensor_coalesced")
-    all_gather_single_coalesced = _unsupported("all_gather_into_tensor_coalesced")
-    reduce_scatter_tensor_coalesced = _unsupported("reduce_scatter_tensor_coalesced")
-    reduce_scatter_single_coalesced = _unsupported("reduce_scatter_tensor_coalesced")
     monitored_barrier = _unsupported("monitored_barrier")
 
 
