@@ -125,6 +125,36 @@ def test_raw_allreduce_outside_resilient_raises_and_group_is_rebuilt():
         assert rep["generation"] == 1 and rep["ranks"] == [0, 1, 2]
 
 
+# (op, how, victim world rank): every op with a rank killed in it, the rooted ones with their
+# root (world rank 0) killed too, and a stopped rank (fenced) in two of them; the other stop
+# cells behind the matrix marker.
+OPS = ("reduce", "gather", "scatter", "all_to_all_single", "all_to_all")
+OP_CELLS = ([(op, "kill", 2) for op in OPS] + [(op, "kill", 0) for op in ("reduce", "gather", "scatter")]
+            + [(op, "stop", 2) for op in ("gather", "all_to_all_single")])
+OP_MATRIX = [(op, "stop", 2) for op in OPS if (op, "stop", 2) not in OP_CELLS]
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("op,how,victim", [pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}") for c in OP_CELLS]
+                         + [pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}", marks=pytest.mark.matrix)
+                            for c in OP_MATRIX])
+def test_a_rank_lost_in_a_rooted_or_all_to_all_collective(op, how, victim):
+    # outside a resilient loop: ProcFailedError on every survivor, the group rebuilt, and the
+    # retry (and every call before and after) gives the members' reference result
+    n = 4
+    job = run_job(JOBS / "torch_ops_fault.py", n, "--op", op, "--how", how, "--victim", victim,
+                  env={"FTCOMM_FENCE_TIMEOUT": "5"}, timeout=110)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    survivors = [w for w in range(n) if w != victim]
+    assert sorted(finals) == survivors, job.describe()
+    for world_rank, rep in finals.items():
+        assert rep["failures"] == [{"at": 3, "type": "ProcFailedError", "size_after": n - 1}], rep
+        assert rep["correct"] == [True] * 6, rep
+        assert rep["size"] == n - 1 and rep["rank"] == survivors.index(world_rank) and rep["ranks"] == [0, 1, 2]
+
+
 @pytest.mark.fault
 @pytest.mark.timeout(150)
 def test_kill_in_reduce_scatter_tensor_leaves_tensors_and_retry_is_exact():
