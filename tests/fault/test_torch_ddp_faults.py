@@ -203,7 +203,16 @@ def test_subgroups_made_in_any_order_do_not_hang():
     not depend on how many groups a rank has made."""
     res = run_job(JOBS / "torch_subgroups.py", 3, env={"FTCOMM_TIMEOUT": "20"}, timeout=60)
     assert res.returncode == 0, res.describe()
-    got = sorted((tuple(r["members"]), r["world_rank"], r["sum"]) for r in res.reports)
+    got = sorted((tuple(r["members"]), r["world_rank"], r["sum"]) for r in res.reports if "members" in r)
     orders = [[1, 2], [0, 1, 2], [0, 2], [1, 2], [0, 1]]
     want = sorted((tuple(m), r, float(sum(x + 1 for x in m))) for m in orders for r in m)
     assert sorted(set(got)) == sorted(set(want)) and len(got) == len(want), res.describe()
+    # named, destroyed (torch forgets them), and made again over the same members
+    destroyed = res.by_rank(kind="destroyed")
+    assert sorted(destroyed) == [0, 1, 2], res.describe()
+    for world_rank, rep in destroyed.items():
+        member_of = [i for i, m in enumerate(orders) if world_rank in m]
+        assert rep["world_name"] == "0" and len(set(rep["names"])) == len(member_of) and "0" not in rep["names"], rep
+        assert len(rep["still_known"]) == (1 if world_rank in orders[0] else 0), rep  # the group made again
+        assert rep["again_sum"] == (5.0 if world_rank in orders[0] else world_rank + 1.0), rep
+        assert rep["world_sum"] == 6.0, rep

@@ -68,6 +68,12 @@ def test_tensor_on_an_unsupported_device_names_it(group):
         dist.all_reduce(torch.ones(2, device="meta"))
 
 
+def test_a_sparse_tensor_is_refused_by_name(group):
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(NotImplementedError, match=r"allreduce of sparse tensors \(torch.sparse_coo\) is not supported"):
+        dist.all_reduce(sparse)
+
+
 @pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])
 def test_unsupported_reduce_op_names_it(group, op):
     with pytest.raises(NotImplementedError, match=op):

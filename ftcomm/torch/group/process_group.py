@@ -87,8 +87,12 @@ SUPPORTED_DEVICES = ("cpu", "cuda")
 
 
 def _check_devices(tensors, collective: str) -> None:
-    """Raises NotImplementedError for a tensor on a device the backend cannot reduce."""
+    """Raises NotImplementedError for a tensor on a device the backend cannot reduce, or a sparse
+    (any but strided) one."""
     for t in tensors:
+        if t.layout != torch.strided:
+            raise NotImplementedError(f"ftcomm backend: {collective} of sparse tensors ({t.layout}) is not supported; "
+                                      "pass a dense tensor (tensor.to_dense())")
         if t.device.type not in SUPPORTED_DEVICES:
             raise NotImplementedError(
                 f"ftcomm backend: {collective} on {t.device.type} tensors is not supported yet "
@@ -188,6 +192,32 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<ProcessGroupFtcomm rank {self.rank()} of {self.size()}, generation {self.generation}>"
+
+    # torch names a group through its registered backends, and this group is its own backend (a
+    # Python process group registers none): the name and description are kept here instead, so
+    # that ``group_name`` and ``dist.destroy_process_group(group)`` work.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        """The name torch gave the group (``"0"`` for the default group, then one per subgroup).
+
+        Raises:
+            RuntimeError: torch has not named it yet (the factory is still making it).
+        """
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        """torch's description of the group ("default_pg", "undefined", or new_group's ``group_desc``)."""
+        return getattr(self, "_group_desc", "undefined")
 
     # -- machinery --------------------------------------------------------------------------
     def _submit(self, name: str, result: list, fn, uniform: bool, local=None, staging: Staging | None = None) -> FtWork:
