@@ -1,7 +1,10 @@
 """Job (2-4 ranks): every collective of the ftcomm torch backend against gloo's result in the same
 job (allreduce, broadcast, the allgathers and reduce-scatters and their coalesced forms, reduce,
-gather, scatter, all-to-all), unsupported ops, bad input refused on every rank, and DDP
+gather, scatter, all-to-all), point-to-point against the values sent, unsupported ops, bad input
+refused on every rank, and DDP
 gradients/parameters after AdamW steps with ftcomm vs gloo."""
+import datetime
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -203,6 +206,59 @@ for i, t in enumerate(ins):
     for j in range(N):
         check(f"all_gather_coalesced_{i}_{j}", outs_a[i][j], outs_b[j])
 
+# point-to-point: a ring exchange by batch_isend_irecv (sends and receives posted in either
+# order), two messages between the same ranks under two tags received in the other order, a
+# 16 MiB message, receives from any source, and a message longer than the receiving tensor
+x = data((1000,), torch.float64, 70)
+y = torch.empty(1000, dtype=torch.float64)
+ops = [dist.P2POp(dist.isend, x, (RANK + 1) % N, tag=1), dist.P2POp(dist.irecv, y, (RANK - 1) % N, tag=1)]
+for work in dist.batch_isend_irecv(ops if RANK % 2 else ops[::-1]):
+    work.wait()
+check("batch_isend_irecv_ring", y, data((1000,), torch.float64, 70, rank=(RANK - 1) % N))
+if RANK == 0:
+    first, second = dist.isend(torch.full((3,), 1.0), 1, tag=11), dist.isend(torch.full((5,), 2.0), 1, tag=12)
+    first.wait()
+    second.wait()
+elif RANK == 1:
+    a, b = torch.empty(5), torch.empty(3)
+    dist.recv(a, 0, tag=12)
+    dist.recv(b, 0, tag=11)
+    check("recv_by_tag", torch.cat([a, b]), torch.tensor([2.0] * 5 + [1.0] * 3))
+big = data((4 << 20,), torch.float32, 71)
+got = torch.empty(4 << 20)
+if RANK == N - 1:
+    dist.send(big, 0)
+elif RANK == 0:
+    dist.recv(got, N - 1)
+    check("send_recv_16MiB", got, data((4 << 20,), torch.float32, 71, rank=N - 1))
+if RANK == 0:
+    seen = {}
+    for _ in range(N - 1):
+        t = torch.empty(4, dtype=torch.int32)
+        src = dist.recv(t, tag=20)
+        seen[src] = t.tolist()
+    check("recv_anysource", torch.tensor([seen.get(j, [0] * 4) for j in range(1, N)], dtype=torch.int32),
+          torch.tensor([[10 * j] * 4 for j in range(1, N)], dtype=torch.int32))
+else:
+    dist.send(torch.full((4,), 10 * RANK, dtype=torch.int32), 0, tag=20)
+p2p_errors = {}
+if RANK == 1:
+    dist.send(torch.ones(6), 0, tag=30)
+elif RANK == 0:
+    try:
+        dist.recv(torch.empty(4), 1, tag=30)
+        p2p_errors["too_long"] = "no error"
+    except ftcomm.InvalidInputError as exc:
+        p2p_errors["too_long"] = "ok" if "larger than the tensor" in str(exc) else str(exc)
+for name, fn in {"tag": lambda: dist.send(torch.ones(1), (RANK + 1) % N, tag=7000),
+                 "peer": lambda: FT.send([torch.ones(1)], RANK, 0)}.items():
+    try:
+        fn()
+        p2p_errors[name] = "no error"
+    except ValueError as exc:
+        p2p_errors[name] = "ok" if ("7000" in str(exc) if name == "tag" else "not another rank" in str(exc)) \
+            else str(exc)
+
 dist.barrier()
 barrier_work = FT.barrier()
 barrier_ok = barrier_work.wait() and barrier_work.is_completed() and barrier_work.is_success()
@@ -211,8 +267,7 @@ barrier_ok = barrier_work.wait() and barrier_work.is_completed() and barrier_wor
 unsupported = {}
 attempts = {
     "BAND": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64), op=R.BAND),
-    "send": lambda: dist.send(torch.ones(2), dst=(RANK + 1) % N),
-    "recv": lambda: dist.recv(torch.ones(2), src=(RANK + 1) % N),
+    "monitored_barrier": lambda: FT.monitored_barrier(datetime.timedelta(seconds=5)),
 }
 for name, fn in attempts.items():
     try:
@@ -290,6 +345,6 @@ grad_err = max(rel_err(a, b) for sa, sb in zip(gf, gg) for a, b in zip(sa, sb))
 param_err = max(rel_err(a, b) for sa, sb in zip(pf, pg_) for a, b in zip(sa, sb))
 
 report(kind="result", rank=RANK, size=N, backend=dist.get_backend(), checks=checks, errors=errors,
-       barrier_ok=bool(barrier_ok), unsupported=unsupported, bad_input=bad_input, grad_err=grad_err,
-       param_err=param_err, pg_type=type(FT).__name__)
+       barrier_ok=bool(barrier_ok), unsupported=unsupported, p2p_errors=p2p_errors, bad_input=bad_input,
+       grad_err=grad_err, param_err=param_err, pg_type=type(FT).__name__)
 dist.destroy_process_group()

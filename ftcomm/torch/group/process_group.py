@@ -44,7 +44,7 @@ from ...core.events import between
 from ...core.outcome import agreed, redone_on_corruption, retrying
 from ...errors import FtError, ProcFailedError, RevokedError
 from ...membership import spares
-from . import alltoall, data_plane, rooted
+from . import alltoall, data_plane, p2p, rooted
 from .device import Staging
 from .executor import EXECUTOR
 from .host_bytes import byte_view
@@ -60,7 +60,7 @@ _OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.MIN: "min", _R.MAX: "max", _R.PRODUCT: 
 SUPPORTED = ("allreduce (SUM, AVG, MIN, MAX, PRODUCT), allreduce_coalesced, broadcast, allgather, "
              "all_gather_into_tensor, all_gather_coalesced, all_gather_into_tensor_coalesced, reduce_scatter, "
              "reduce_scatter_tensor, reduce_scatter_tensor_coalesced, reduce, gather, scatter, all_to_all, "
-             "all_to_all_single, barrier")
+             "all_to_all_single, barrier, send, recv (any source too)")
 
 
 def _unsupported(name: str):
@@ -644,10 +644,42 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
         return self._submit("all_to_all", outs, fn, uniform=False, staging=staging)
 
+    # -- point-to-point ---------------------------------------------------------------------
+    def send(self, tensors, dst_rank: int, tag: int = 0) -> FtWork:
+        """``dist.send`` / ``isend``: ``tensors[0]`` to group rank ``dst_rank`` under ``tag``
+        (0 <= tag < 7000), posted now, completed by its own waiter (``p2p.py``).
+
+        Raises:
+            ValueError: a peer that is not another rank of the group, a tag out of range.
+        Work errors: ``ProcFailedError`` (the peer died, or was fenced), ``CollectiveTimeoutError``
+            (not received within the group's timeout).
+        """
+        return self._point_to_point("send", tensors, dst_rank, tag, is_send=True)
+
+    def recv(self, tensors, src_rank: int, tag: int = 0) -> FtWork:
+        """``dist.recv`` / ``irecv`` from group rank ``src_rank``: the message must be the
+        tensor's size (else ``InvalidInputError``). Errors as ``send``."""
+        return self._point_to_point("recv", tensors, src_rank, tag, is_send=False)
+
+    def recv_anysource(self, tensors, tag: int = 0) -> FtWork:
+        """``dist.recv(src=None)``: from whichever rank sends first under ``tag``; the Work's
+        ``_source_rank()`` names it. A failure of any rank of the group while it waits is a
+        ``ProcFailedError`` (the dead rank might have been the sender)."""
+        return self._point_to_point("recv_anysource", tensors, None, tag, is_send=False)
+
+    def _point_to_point(self, name: str, tensors, peer, tag, is_send: bool) -> FtWork:
+        (tensor,) = tensors
+        _check_devices([tensor], name)
+        comm = self.comm
+        if peer is not None:
+            p2p.check_peer(peer, comm, name)
+        p2p.check_tag(tag, name)
+        if self.joining:
+            raise RuntimeError(f"ftcomm backend: {name} on a promoted spare before it joined the survivors")
+        staging = Staging(inputs=[tensor]) if is_send else Staging(outputs=[tensor])
+        return p2p.post(comm, tensor, peer, tag, is_send, self._timeout, staging)
+
     # -- not implemented --------------------------------------------------------------------
-    send = _unsupported("send")
-    recv = _unsupported("recv")
-    recv_anysource = _unsupported("recv_anysource")
     monitored_barrier = _unsupported("monitored_barrier")
 
 
