@@ -105,14 +105,20 @@ def test_all_to_all_splits_that_do_not_add_up_name_the_rank_and_value(group):
         dist.all_to_all_single(torch.empty(4), torch.ones(4), output_split_sizes=[4], input_split_sizes=[2, 2])
 
 
-@pytest.mark.parametrize("call,name", [
-    (lambda: dist.group.WORLD.send([torch.ones(2)], 0, 0), "send"),  # torch refuses a send to oneself
-    (lambda: dist.group.WORLD.recv([torch.ones(2)], 0, 0), "recv"),
+def test_unsupported_collective_names_it(group):
     # dist.monitored_barrier itself refuses every backend but gloo (torch 2.13-2.15)
-    (lambda: dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=5)), "monitored_barrier"),
+    with pytest.raises(NotImplementedError, match="monitored_barrier"):
+        dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=5))
+
+
+@pytest.mark.parametrize("call,text", [
+    # the group's own methods: torch refuses a send to oneself before they are reached
+    (lambda: dist.group.WORLD.send([torch.ones(2)], 0, 0), r"send peer 0 is not another rank of the group \(0..0"),
+    (lambda: dist.group.WORLD.recv([torch.ones(2)], 3, 0), r"recv peer 3 is not another rank"),
+    (lambda: dist.group.WORLD.recv_anysource([torch.ones(2)], 7000), r"recv_anysource tag 7000 is not an int in \[0, 7000\)"),
 ])
-def test_unsupported_collective_names_it(group, call, name):
-    with pytest.raises(NotImplementedError, match=name):
+def test_point_to_point_refuses_a_bad_peer_or_tag_by_name(group, call, text):
+    with pytest.raises(ValueError, match=text):
         call()
 
 
