@@ -11,6 +11,8 @@ SIGKILLed): Open MPI 5.0.x ends the whole job, ftcomm-run relaunches it on n1 al
 
 Either way its final parameters and optimizer state are bitwise those of a run stopped at that
 step (a checkpoint of it on disk) and restarted by hand at 2 ranks."""
+import json
+
 import pytest
 
 from ftcomm.training import checkpoint
@@ -30,13 +32,15 @@ def _done(res) -> dict:
 def _crash_and_relaunch(tmp_path, *args, **env):
     hosts = tmp_path / "hosts"
     hosts.write_text("n1 slots=2\nn2 slots=2\n")
-    res = run_job(JOB, 4, "--checkpoint-dir", tmp_path / "ckpt", "--kill-node", "n2@14", *args, env={**ENV, **env},
+    res = run_job(JOB, 4, "--checkpoint-dir", tmp_path / "ckpt", "--kill-node", "n2@14",
+                  "--kill-record", tmp_path / "killed", *args, env={**ENV, **env},
                   timeout=240, launcher_args=["--hostfile", hosts, "--fake-nodes", "--ranks-per-node", "2",
                                               "--restarts", "2", "--restart-backoff", "0.5"])
     assert res.returncode == 0, res.describe()
     assert "relaunch 1 of 2" in res.stderr, res.describe()
-    kills = res.by_rank(event="kill")
-    assert sorted(kills) == [2, 3] and all(k["step"] == 14 and k["world_size"] == 4 for k in kills.values())
+    kills = {path.name: json.loads(path.read_text()) for path in (tmp_path / "killed").glob("rank*.json")}
+    assert sorted(kills) == ["rank2.json", "rank3.json"], res.describe()
+    assert all(k["step"] == 14 and k["world_size"] == 4 for k in kills.values()), kills
     resumed = res.by_rank(event="resumed")
     assert sorted(resumed) == [0, 1] and {r["size"] for r in resumed.values()} == {2}, res.describe()
     (step,) = {r["step"] for r in resumed.values()}

@@ -4,7 +4,8 @@ Its peers' operations raise ProcFailedError within the fence timeout (the others
 the right values), a receive from any source that only the dead rank would have matched raises
 instead of waiting, and the group goes on: its next all_reduce raises once (rebuilt over the
 survivors) and the retry and a last ring exchange give the members' values. And a receive that no
-live rank matches: CollectiveTimeoutError at the group's timeout, the peer not fenced."""
+live rank matches: CollectiveTimeoutError at the group's timeout, the peer not fenced; a send that
+timed out is still delivered to a receive posted later."""
 import pytest
 
 from harness import JOBS, run_job
@@ -54,4 +55,10 @@ def test_a_receive_nobody_matches_times_out_without_fencing():
                                 "text": f"recv on world rank {world_rank}: not matched by rank {1 - world_rank} "
                                         f"(world rank {1 - world_rank}) within 3 s"}, rep
         assert 3 <= rep["s"] < 20 and rep["ring"] == [[], True], rep
+    # a send that timed out is still delivered (Open MPI cannot cancel it), and says so
+    assert reps[0]["late_send"] == {"error": {
+        "type": "CollectiveTimeoutError",
+        "text": "send on world rank 0: not matched by rank 1 (world rank 1) within 3 s; Open MPI cannot cancel a "
+                "send: it stays posted, and a matching receive posted later still gets the message"}}, reps[0]
+    assert reps[1]["late_send"] == {"equal": True}, reps[1]
     assert "fencing" not in job.stderr

@@ -7,6 +7,8 @@ with disk checkpoints; ZeRO's AdamW (``--optimizer zero``) or torch's AdamW on e
     --kill-node NODE@STEP           on the first launch (FTCOMM_RESTART=0) the ranks of NODE crash it
                                     at the start of step STEP (their PRRTE daemon and themselves are
                                     SIGKILLed): the whole job ends
+    --kill-record DIR               with --kill-node: each crashing rank also writes its "kill" report
+                                    to DIR/rank{R}.json (the report line can die with the daemon)
     --stop-at S                     ends after applied step S as if killed there: no last checkpoint
                                     beyond the schedule's (S a multiple of N: its checkpoint on disk)
     --final-checkpoint              with --stop-at: write a checkpoint of step S at the end even if
@@ -25,7 +27,9 @@ training); "done" (steps, hash, world size, the parameters).
 """
 import argparse
 import hashlib
+import json
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,6 +51,7 @@ p.add_argument("--batch", type=int, default=8)
 p.add_argument("--log", help="the loop's event log goes here (rank{rank}.jsonl)")
 p.add_argument("--kill-node", help="NODE@STEP: on the first launch, at the start of step STEP, the node's daemon "
                                    "and ranks are SIGKILLed (a node crash; under --fake-nodes)")
+p.add_argument("--kill-record", help="DIR: the crashing ranks write their kill report to DIR/rank{R}.json")
 args = p.parse_args()
 
 dist.init_process_group("ftcomm")
@@ -76,8 +81,12 @@ def crash_node(step: int) -> None:
         return
     if ftcomm.settings.node_name_override() != args.kill_node.split("@")[0]:
         time.sleep(600)
-    report(event="kill", step=step, world_size=dist.get_world_size())
-    time.sleep(1.0)  # the daemon forwards that line before it dies
+    record = dict(event="kill", step=step, world_size=dist.get_world_size())
+    report(**record)
+    if args.kill_record:  # on a loaded machine the daemon may die before it forwards that line
+        Path(args.kill_record).mkdir(parents=True, exist_ok=True)
+        (Path(args.kill_record) / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
+    time.sleep(1.0)  # the daemon forwards that line before it dies (most often)
     ftcomm.fault.crash_node()
 
 

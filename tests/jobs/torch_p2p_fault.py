@@ -7,7 +7,9 @@ took; once rank 0 has said go (a message to each), the group's next all_reduce (
 and a last ring exchange over the survivors, each against the values the members should get.
 --unmatched (2 ranks): nobody dies; each rank waits for a message the other never sends, and
 reports the error and how long it took (the group's timeout; the peer is alive and beating, so
-it is not fenced), then a ring exchange."""
+it is not fenced). Then rank 0 sends 4 MiB that rank 1 receives only after the send timed out
+(Open MPI cannot cancel a send: the message is still delivered, the same bytes), then a ring
+exchange."""
 import argparse
 import os
 import signal
@@ -49,6 +51,30 @@ def ring_exchange(step: int) -> tuple[list, bool]:
     return errors, not errors and bool(y.eq(1000.0 * step + members[(r - 1) % n]).all())
 
 
+def late_send() -> dict:
+    """Rank 0's 4 MiB send times out (rank 1 has not posted its receive); then rank 1 receives
+    it. What rank 0's send raised, and whether rank 1 got the bytes sent."""
+    sent = torch.arange(1 << 20, dtype=torch.float32)
+    flag = torch.zeros(1)
+    if ME == 0:
+        try:
+            dist.send(sent, 1, tag=66)
+            error = None
+        except ftcomm.FtError as exc:
+            error = {"type": type(exc).__name__, "text": str(exc)}
+        dist.send(flag, 1, tag=67)  # "my send has timed out"
+        return {"error": error}
+    for _ in range(20):  # each try lasts the group's timeout (3 s)
+        try:
+            dist.recv(flag, 0, tag=67)
+            break
+        except ftcomm.CollectiveTimeoutError:
+            continue
+    got = torch.empty_like(sent)
+    dist.recv(got, 0, tag=66)
+    return {"equal": torch.equal(got, sent)}
+
+
 if args.unmatched:
     start, error = time.monotonic(), None
     try:  # each waits for the other, under a tag the other never sends on
@@ -56,7 +82,8 @@ if args.unmatched:
     except ftcomm.FtError as exc:
         error = {"type": type(exc).__name__, "text": str(exc)}
     dist.barrier()
-    report(kind="unmatched", error=error, s=round(time.monotonic() - start, 2), ring=ring_exchange(1))
+    report(kind="unmatched", error=error, s=round(time.monotonic() - start, 2), late_send=late_send(),
+           ring=ring_exchange(1))
     dist.destroy_process_group()
     raise SystemExit(0)
 rounds = []

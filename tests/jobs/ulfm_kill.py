@@ -16,17 +16,26 @@ from harness import report
 victims = {int(v) for v in sys.argv[1].split(",")}
 comm = ftcomm.Communicator()
 world_rank = comm.world_rank
-comm.barrier(timeout=30)
-if world_rank in victims:
-    os.kill(os.getpid(), signal.SIGKILL)
 
-start = time.monotonic()
+
+def die_if_victim() -> None:
+    if world_rank in victims:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 error = None
+start = time.monotonic()
 try:
+    # A victim leaves this first barrier as soon as it has heard from everyone, and its last
+    # message may still sit in its send queue when it dies: a survivor can see the failure here.
+    comm.barrier(timeout=30)
+    die_if_victim()
+    start = time.monotonic()
     for _ in range(1000):  # until the failure reaches this rank
         comm.barrier(timeout=30)
         time.sleep(0.005)
 except (ftcomm.ProcFailedError, ftcomm.RevokedError) as exc:
+    die_if_victim()  # a victim that saw the other victim's death in the first barrier
     error = type(exc).__name__
 detect_s = time.monotonic() - start
 if not comm.is_revoked:

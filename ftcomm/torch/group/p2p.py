@@ -15,8 +15,10 @@ recovers the group):
 - the peer died: ULFM completes the operation with MPI_ERR_PROC_FAILED: ``ProcFailedError``;
 - the peer is stopped: fenced after FTCOMM_FENCE_TIMEOUT of silence (``FTCOMM_LATE_RANK=fence``),
   then dead, as above;
-- a live peer never matched it: ``CollectiveTimeoutError`` naming the peer at the deadline (the
-  MPI request is cancelled);
+- a live peer never matched it: ``CollectiveTimeoutError`` naming the peer at the deadline. A
+  receive is cancelled. Open MPI cannot cancel a send (MPI allows that): it stays posted, its
+  buffer kept alive here, and a receive the peer posts later still gets the message. An operation
+  that completes between the deadline and the cancel counts as done (no error, no lost data);
 - another survivor's collective found a failure first and revoked the communicator:
   ``RevokedError``;
 - a receive from any source when some rank of the group has failed: ULFM reports
@@ -25,7 +27,9 @@ recovers the group):
   ``ProcFailedError`` raised: never a wait for a dead sender (ULFM, MPI 5.0 draft, chapter 17
   "Process Fault Tolerance", on wildcard receives).
 
-A message of another size than the receiving tensor is an ``InvalidInputError`` on the receiver.
+A message of another size than the receiving tensor is an ``InvalidInputError`` on the receiver
+(a shorter one has already been written into the tensor's first bytes). Any other MPI error is an
+``MpiError``.
 """
 from __future__ import annotations
 
@@ -37,12 +41,16 @@ from mpi4py import MPI
 
 from ... import settings
 from ...core import liveness
-from ...errors import CollectiveTimeoutError, InvalidInputError, ProcFailedError, RevokedError
+from ...errors import CollectiveTimeoutError, InvalidInputError, MpiError, ProcFailedError, RevokedError
 from .host_bytes import byte_view
 from .work import FtWork, make_future
 
 FIRST_RESERVED_TAG = 7000  # ftcomm.core.codes.Tag: ftcomm's own messages
 _FIRST_POLL_S, _LAST_POLL_S = 50e-6, 5e-3  # a waiter's tests back off from 50 us to 5 ms
+# Sends that timed out and could not be cancelled, with their buffers: MPI still reads them until a
+# receive matches. Dropped once complete (``_reap_uncancelled``, at each post).
+_UNCANCELLED: list = []
+_UNCANCELLED_LOCK = threading.Lock()
 
 
 def check_tag(tag, name: str) -> int:
@@ -87,6 +95,7 @@ def post(comm, tensor: torch.Tensor, peer: int | None, tag: int, is_send: bool, 
     from ``peer`` (None: any source) and returns its Work. ``staging`` (``device.py``) is
     staged in at once and copied back when a receive succeeds."""
     name = "send" if is_send else ("recv_anysource" if peer is None else "recv")
+    _reap_uncancelled()
     fut = make_future(staging.devices)
     work = P2PWork(fut, name)
     staging.stage_in()
@@ -100,32 +109,34 @@ def post(comm, tensor: torch.Tensor, peer: int | None, tag: int, is_send: bool, 
     def finish(status: MPI.Status) -> None:
         if not is_send:
             if status.Get_count(MPI.BYTE) != buf.nbytes:
-                raise InvalidInputError(f"recv on world rank {comm.world_rank}: the message from rank "
-                                        f"{status.Get_source()} holds {status.Get_count(MPI.BYTE)} bytes, the "
-                                        f"tensor {buf.nbytes}")
+                sender = status.Get_source()
+                raise InvalidInputError(
+                    f"recv on world rank {comm.world_rank}: the message from group rank {sender} (world rank "
+                    f"{comm.world_ranks[sender]}) holds {status.Get_count(MPI.BYTE)} bytes, the tensor "
+                    f"{buf.nbytes} (a shorter message is already in the tensor's first bytes)")
             work.source = status.Get_source()
             if buf is not host:
                 host.copy_(buf)
             staging.copy_back()
 
     waiter = threading.Thread(target=_wait, name=f"ftcomm-{name}", daemon=True,
-                              args=(request, comm, name, peer, timeout, finish, fut, tensor))
+                              args=(request, buf, comm, name, peer, timeout, finish, fut, tensor))
     waiter.start()
     return work
 
 
-def _wait(request, comm, name: str, peer, timeout: float, finish, fut, tensor) -> None:
+def _wait(request, buf, comm, name: str, peer, timeout: float, finish, fut, tensor) -> None:
     """The waiter thread: tests ``request`` until it is done, fails, or the deadline passes, and
     completes ``fut`` accordingly."""
     try:
-        _until_done(request, comm, name, peer, timeout, finish)
+        _until_done(request, buf, comm, name, peer, timeout, finish)
     except BaseException as error:  # noqa: BLE001 - reported through the future
         fut.set_exception(error)
     else:
         fut.set_result([tensor])
 
 
-def _until_done(request, comm, name: str, peer, timeout: float, finish) -> None:
+def _until_done(request, buf, comm, name: str, peer, timeout: float, finish) -> None:
     start = time.monotonic()
     fence, fence_after = settings.late_rank_fence(), liveness.fence_timeout()
     peers = [w for w in comm.world_ranks if w != comm.world_rank] if peer is None else [comm.world_ranks[peer]]
@@ -137,24 +148,29 @@ def _until_done(request, comm, name: str, peer, timeout: float, finish) -> None:
                 finish(status)
                 return
         except MPI.Exception as error:
-            raise _failure(error, request, comm, name, peer) from None
+            pending = error.Get_error_class() == MPI.ERR_PROC_FAILED_PENDING
+            if pending and _completed_before_cancel(request, finish, buf):
+                return
+            raise _failure(error, comm, name, peer) from None
         waited = time.monotonic() - start
         if waited >= timeout:
-            _cancel(request)
+            if _completed_before_cancel(request, finish, buf):
+                return
             raise CollectiveTimeoutError(f"{name} on world rank {comm.world_rank}: not matched by "
-                                         f"{_whom(comm, peer)} within {timeout:g} s")
+                                         f"{_whom(comm, peer)} within {timeout:g} s" + (
+                                             "; Open MPI cannot cancel a send: it stays posted, and a matching "
+                                             "receive posted later still gets the message" if name == "send" else ""))
         if fence and waited >= fence_after:
             liveness.fence_silent(peers, fence_after)  # a stopped peer: dead after this
         time.sleep(pause)
         pause = min(pause * 2, _LAST_POLL_S)
 
 
-def _failure(error, request, comm, name: str, peer):
+def _failure(error, comm, name: str, peer):
     """The ftcomm error for an MPI error of a point-to-point operation."""
     code = error.Get_error_class()
     where = f"{name} on world rank {comm.world_rank} with {_whom(comm, peer)}"
     if code == MPI.ERR_PROC_FAILED_PENDING:  # any source, and some rank failed: never wait for it
-        _cancel(request)
         failed = _acknowledge_failures(comm)
         return ProcFailedError(f"{where}: world rank(s) {[comm.world_ranks[r] for r in failed]} failed; a "
                                "receive from any source might have been waiting for them", failed_ranks=failed)
@@ -164,7 +180,7 @@ def _failure(error, request, comm, name: str, peer):
         return RevokedError(f"{where}: the communicator was revoked (recover first)")
     if code == MPI.ERR_TRUNCATE:
         return InvalidInputError(f"{where}: the message is larger than the tensor")
-    return ProcFailedError(f"{where}: MPI error {error.Get_error_string()}")
+    return MpiError(f"{where}: MPI error {error.Get_error_string()}")
 
 
 def _acknowledge_failures(comm) -> list[int]:
@@ -181,16 +197,40 @@ def _acknowledge_failures(comm) -> list[int]:
     return [r for r in ranks if r != MPI.UNDEFINED]
 
 
-def _cancel(request, give_up_s: float = 1.0) -> None:
-    """Cancels ``request`` and waits up to ``give_up_s`` seconds for the cancel to complete (a
-    send already matched cannot be cancelled; it is then left to MPI)."""
+def _completed_before_cancel(request, finish, buf, give_up_s: float = 1.0) -> bool:
+    """Cancels ``request`` and waits up to ``give_up_s`` seconds for it to complete. True when it
+    completed without being cancelled (it matched first: ``finish`` has taken its result), False
+    when the cancel took or, for a send Open MPI cannot cancel, it is still posted (then kept,
+    with ``buf``, until it completes)."""
+    status = MPI.Status()
     try:
         request.Cancel()
         deadline = time.monotonic() + give_up_s
-        while not request.Test() and time.monotonic() < deadline:
+        while not request.Test(status):
+            if time.monotonic() >= deadline:
+                with _UNCANCELLED_LOCK:
+                    _UNCANCELLED.append((request, buf))
+                return False
             time.sleep(1e-3)
     except MPI.Exception:
-        pass
+        return False
+    if status.Is_cancelled():
+        return False
+    finish(status)
+    return True
+
+
+def _reap_uncancelled() -> None:
+    """Drops the kept sends that have completed since (a receive matched them)."""
+    with _UNCANCELLED_LOCK:
+        pending = []
+        for request, buf in _UNCANCELLED:
+            try:
+                if not request.Test():
+                    pending.append((request, buf))
+            except MPI.Exception:
+                pass  # its peer failed: MPI is done with the buffer
+        _UNCANCELLED[:] = pending
 
 
 def _whom(comm, peer) -> str:

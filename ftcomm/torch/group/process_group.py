@@ -42,7 +42,7 @@ import torch.distributed as dist
 from ... import settings
 from ...core.events import between
 from ...core.outcome import agreed, redone_on_corruption, retrying
-from ...errors import FtError, ProcFailedError, RevokedError
+from ...errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
 from ...membership import spares
 from . import alltoall, data_plane, p2p, rooted
 from .device import Staging
@@ -275,8 +275,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             fn(comm)
             return
         # Collectives built on point-to-point have a local outcome: agree on it, so that every
-        # survivor either succeeds or fails (and recovers) at this same collective.
-        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError), keep=_NOT_REDONE):
+        # survivor either succeeds or fails (and recovers) at this same collective. A rank whose own
+        # part timed out agrees too: its peers would otherwise wait a second deadline for it.
+        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError, CollectiveTimeoutError),
+                    keep=_NOT_REDONE):
             fn(comm)
 
     def _recover(self, comm, name: str, exc: FtError) -> bool:
@@ -580,8 +582,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         size = self.comm.size
 
         def fn(comm):
-            if outs and comm.size != size:
-                raise _ShapeChanged(f"gather: {len(outs)} outputs for a group of {comm.size}")
+            if comm.size != size:  # on every rank (only the root holds outputs): none waits alone
+                raise _ShapeChanged(f"gather: a group of {size} became {comm.size}: the root's outputs no longer fit")
             rooted.gather(comm, [staging.host(o) for o in outs], staging.host(tensor), root_world, self._timeout)
 
         return self._submit("gather", output_tensors, fn, uniform=False, staging=staging)
@@ -597,8 +599,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         size = self.comm.size
 
         def fn(comm):
-            if ins and comm.size != size:
-                raise _ShapeChanged(f"scatter: {len(ins)} inputs for a group of {comm.size}")
+            if comm.size != size:  # on every rank (only the root holds inputs): none waits alone
+                raise _ShapeChanged(f"scatter: a group of {size} became {comm.size}: the root's inputs no longer fit")
             rooted.scatter(comm, staging.host(tensor), [staging.host(t) for t in ins], root_world, self._timeout)
 
         return self._submit("scatter", [tensor], fn, uniform=False, staging=staging)
@@ -624,8 +626,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         size = self.comm.size
 
         def fn(comm):
-            if comm.size != size and not (outs or ins):
-                raise _ShapeChanged(f"all_to_all_single: even blocks for a group of {size}, now {comm.size}")
+            if comm.size != size:  # blocks and split sizes were laid out for the old group, on every rank
+                raise _ShapeChanged(f"all_to_all_single: blocks for a group of {size}, now {comm.size}")
             alltoall.alltoall_single(comm, staging.host(output), staging.host(input), outs, ins, self._timeout)
 
         return self._submit("all_to_all_single", [output], fn, uniform=False, staging=staging)
@@ -638,8 +640,11 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         outs, ins = list(output_tensors), list(input_tensors)
         _check_devices(outs + ins, "all_to_all")
         staging = Staging(inputs=ins, outputs=outs)
+        size = self.comm.size
 
         def fn(comm):
+            if comm.size != size:
+                raise _ShapeChanged(f"all_to_all: {len(outs)} outputs for a group of {size}, now {comm.size}")
             alltoall.alltoall(comm, [staging.host(t) for t in outs], [staging.host(t) for t in ins], self._timeout)
 
         return self._submit("all_to_all", outs, fn, uniform=False, staging=staging)
