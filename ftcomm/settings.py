@@ -184,8 +184,15 @@ def late_rank_fence() -> bool:
     its deadline (busy outside ftcomm, or hung inside it) is fenced like a dead one, and the
     survivors go on; "raise": it is only named in the CollectiveTimeoutError of the ranks that
     waited for it (no agreement is possible without it, so the outcome is local and the
-    communicator is left revoked)."""
+    communicator is left revoked). A stopped rank (no heartbeat) is fenced under either. Unset,
+    the torch backend fences late ranks only inside a resilient loop
+    (ftcomm/torch/group/late_rank.py)."""
     return LATE_RANK.get() == "fence"
+
+
+def late_rank_is_set() -> bool:
+    """True when FTCOMM_LATE_RANK is set (the torch backend then keeps it everywhere)."""
+    return LATE_RANK.text() is not None
 
 
 def finalize_timeout() -> float:

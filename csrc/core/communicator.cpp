@@ -65,7 +65,7 @@ bool WaitDeadline::GiveUp() {
   if (!judged_) {
     judged_ = true;
     liveness::Verdict verdict = liveness::Judge(judged_ranks_.empty() ? members_ : judged_ranks_,
-                                                CurrentSettings().late_rank_fence);
+                                                LateRankFence());
     if (!verdict.fenced.empty()) fence_.note_fenced();
     why_ = verdict.why;
   }
@@ -75,7 +75,9 @@ bool WaitDeadline::GiveUp() {
 }
 
 Status WaitDeadline::TimeoutStatus(const char* what) const {
-  std::string message = std::string(what) + ": no progress within " + FormatSeconds(deadline_.timeout_seconds());
+  // "timeout" as a word of its own: code written for torch's backends matches their timeout errors so
+  std::string message = std::string(what) + ": timeout after " + FormatSeconds(deadline_.timeout_seconds()) +
+                        " with no progress";
   if (!why_.empty()) message += ": " + why_;
   return Status::Error(StatusCode::kTimeout, message);
 }

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from ... import settings
 from ...core.codes import Tag
 from ...core.communicator import Communicator
+from . import late_rank
 from .process_group import BACKEND_NAME, SUPPORTED_DEVICES, ProcessGroupFtcomm
 from .rendezvous import take_active_comm
 
@@ -65,6 +66,7 @@ def create_process_group(backend_opts, backend_options=None) -> ProcessGroupFtco
     """
     from mpi4py import MPI
 
+    late_rank.use_torch_default()
     rank, size = int(backend_opts.group_rank), int(backend_opts.group_size)
     timeout = _timeout_seconds(backend_opts.timeout)
     members = [int(r) for r in backend_opts.global_ranks_in_group]

@@ -7,7 +7,7 @@ address reaches the other ranks by a broadcast over the communicator, so a group
 again after any recovery, whoever died (rank 0 included), with no fixed master.
 
 Failures. gloo fails a collective when a peer's connection closes: a dead rank's at once, a
-stopped rank's once ftcomm fences it (``FTCOMM_LATE_RANK=fence``), and any other after the
+stopped rank's once ftcomm fences it (after FTCOMM_FENCE_TIMEOUT of silence), and any other after the
 plane's deadline. Closing the group on error closes this rank's connections too, so that peers
 still waiting on it in the same collective fail as well rather than wait for the deadline:
 ``ProcessGroupGloo.abort()`` does not interrupt a collective in progress (torch 2.13 and 2.15,
@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 
-from ... import settings
 from ...core import fault, liveness
 from ...errors import FtError, ProcFailedError
 
@@ -143,17 +142,16 @@ def _run(group, start, comm) -> str | None:
 
     Once it has waited the fence timeout, it SIGKILLs any peer on this host that has been silent
     that long (a stopped rank: its connections then close and the collective fails here), as
-    ftcomm's own collectives do under ``FTCOMM_LATE_RANK=fence``. The deadline is gloo's own (the
+    ftcomm's own collectives do under either late-rank policy. The deadline is gloo's own (the
     collective's timeout option).
     """
-    fence = settings.late_rank_fence()
     after = liveness.fence_timeout()
     peers = [w for w in comm.world_ranks if w != comm.world_rank]
     try:
         work = start(group)
         start = time.monotonic()
         while not _done(work, _POLL):
-            if fence and time.monotonic() - start >= after:
+            if time.monotonic() - start >= after:
                 liveness.fence_silent(peers, after)
         work.wait()  # its error, if it failed
     except RuntimeError as error:

@@ -13,8 +13,8 @@ and leaves the communicator as it is (the survivors' next collective finds a dea
 recovers the group):
 
 - the peer died: ULFM completes the operation with MPI_ERR_PROC_FAILED: ``ProcFailedError``;
-- the peer is stopped: fenced after FTCOMM_FENCE_TIMEOUT of silence (``FTCOMM_LATE_RANK=fence``),
-  then dead, as above;
+- the peer is stopped: fenced after FTCOMM_FENCE_TIMEOUT of silence (under either late-rank
+  policy, as in ftcomm's collectives), then dead, as above;
 - a live peer never matched it: ``CollectiveTimeoutError`` naming the peer at the deadline. A
   receive is cancelled. Open MPI cannot cancel a send (MPI allows that): it stays posted, its
   buffer kept alive here, and a receive the peer posts later still gets the message. An operation
@@ -39,7 +39,6 @@ import time
 import torch
 from mpi4py import MPI
 
-from ... import settings
 from ...core import liveness
 from ...errors import CollectiveTimeoutError, InvalidInputError, MpiError, ProcFailedError, RevokedError
 from .host_bytes import byte_view
@@ -138,7 +137,7 @@ def _wait(request, buf, comm, name: str, peer, timeout: float, finish, fut, tens
 
 def _until_done(request, buf, comm, name: str, peer, timeout: float, finish) -> None:
     start = time.monotonic()
-    fence, fence_after = settings.late_rank_fence(), liveness.fence_timeout()
+    fence_after = liveness.fence_timeout()
     peers = [w for w in comm.world_ranks if w != comm.world_rank] if peer is None else [comm.world_ranks[peer]]
     pause = _FIRST_POLL_S
     status = MPI.Status()
@@ -160,7 +159,7 @@ def _until_done(request, buf, comm, name: str, peer, timeout: float, finish) -> 
                                          f"{_whom(comm, peer)} within {timeout:g} s" + (
                                              "; Open MPI cannot cancel a send: it stays posted, and a matching "
                                              "receive posted later still gets the message" if name == "send" else ""))
-        if fence and waited >= fence_after:
+        if waited >= fence_after:
             liveness.fence_silent(peers, fence_after)  # a stopped peer: dead after this
         time.sleep(pause)
         pause = min(pause * 2, _LAST_POLL_S)

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from ... import settings
 from ...core.events import between
 from ...core.outcome import agreed, redone_on_corruption, retrying
-from ...errors import CollectiveTimeoutError, FtError, ProcFailedError, RevokedError
+from ...errors import FtError, ProcFailedError, RevokedError
 from ...membership import spares
 from . import alltoall, data_plane, p2p, rooted
 from .device import Staging
@@ -276,9 +276,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             return
         # Collectives built on point-to-point have a local outcome: agree on it, so that every
         # survivor either succeeds or fails (and recovers) at this same collective. A rank whose own
-        # part timed out agrees too: its peers would otherwise wait a second deadline for it.
-        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError, CollectiveTimeoutError),
-                    keep=_NOT_REDONE):
+        # part timed out raises that at once, without the agreement: a live rank late past the
+        # deadline is named in a CollectiveTimeoutError, as torch's backends do (under the
+        # late-rank policy "fence" it has been fenced and the peers see a failure instead).
+        with agreed(comm, name, timeout=self._timeout, catch=(ProcFailedError, RevokedError), keep=_NOT_REDONE):
             fn(comm)
 
     def _recover(self, comm, name: str, exc: FtError) -> bool:

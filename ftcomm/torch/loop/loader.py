@@ -48,6 +48,7 @@ from ...training import warm_resume
 from ...training.events import EventLog
 from ..checks.divergence import DivergenceGuard
 from ..checks.grad_outliers import GradOutlierCheck, ddp_hook
+from ..group import late_rank
 from ..group.executor import EXECUTOR
 from ..group.process_group import ftcomm_group
 from ..group.step_state import STATE, end_step, install_hook, recoveries, unpoison
@@ -384,6 +385,7 @@ class ResilientLoader:
             STATE.joinable += joinable
             STATE.poisoned = STATE.skipped = STATE.stepped = False
             STATE.outlier_check = self._outliers
+        late_rank.loop_started()
         try:
             while True:
                 if redo is not None:
@@ -442,6 +444,7 @@ class ResilientLoader:
                     redo = batch
                 generation = pg.generation
         finally:
+            late_rank.loop_ended()
             with STATE.lock:
                 STATE.guards -= 1
                 STATE.joinable -= joinable
