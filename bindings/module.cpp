@@ -173,6 +173,7 @@ void RegisterEnums(py::module_& m) {
       .value("ALLGATHER", ftcomm::Tag::kAllgather)
       .value("BROADCAST", ftcomm::Tag::kBroadcast)
       .value("ALLTOALL", ftcomm::Tag::kAllToAll)
+      .value("MONITORED_BARRIER", ftcomm::Tag::kMonitoredBarrier)
       .value("SUBGROUP", ftcomm::Tag::kSubgroup)
       .value("REPLICA", ftcomm::Tag::kReplica)
       .value("RESHARD", ftcomm::Tag::kReshard)

@@ -14,6 +14,7 @@ enum class Tag : int {
   kAllgather = 7101,     // Communicator.allgather's ring (ftcomm/core/p2p.py)
   kBroadcast = 7102,     // Communicator.broadcast's binomial tree (ftcomm/core/p2p.py)
   kAllToAll = 7103,      // the torch backend's all-to-all (ftcomm/torch/group/alltoall.py)
+  kMonitoredBarrier = 7104,  // the torch backend's monitored barrier (ftcomm/torch/group/monitored_barrier.py)
   kSubgroup = 7200,      // MPI_Comm_create_group of torch subgroups, this and up (ftcomm/torch/backend.py)
   kReplica = 7301,       // shard replicas to buddies (ftcomm/training/replica.py)
   kReshard = 7302,       // re-shard pieces during a rebuild (ftcomm/training/rebuild.py)

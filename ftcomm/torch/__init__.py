@@ -28,7 +28,7 @@ from .. import settings
 from ..core.events import RecoveryEvent
 from .group.backend import DEVICES, create_process_group, recovery_policy, register
 from .group.executor import EXECUTOR
-from .group.process_group import BACKEND_NAME, SUPPORTED, ProcessGroupFtcomm
+from .group.process_group import BACKEND_NAME, SUPPORTED, ProcessGroupFtcomm, monitored_barrier
 from .group.rendezvous import apply_env_defaults, enter_spare_pool
 from .group.step_state import recoveries
 from .group.work import FtWork
@@ -52,6 +52,7 @@ __all__ = [
     "ResilientLoader",
     "apply_env_defaults",
     "create_process_group",
+    "monitored_barrier",
     "recoveries",
     "recovery_policy",
     "resilient",

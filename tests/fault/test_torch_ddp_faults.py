@@ -25,7 +25,7 @@ def test_collectives_and_ddp_gradients_match_gloo():
         assert rep["checks"] >= 30
         assert rep["errors"] == {}, rep["errors"]
         assert rep["barrier_ok"] is True
-        assert rep["unsupported"] == {k: "ok" for k in ("BAND", "monitored_barrier")}
+        assert rep["unsupported"] == {"BAND": "ok"}
         assert rep["p2p_errors"] == {k: "ok" for k in (("too_long", "tag", "peer") if rep["rank"] == 0
                                                        else ("tag", "peer"))}, rep
         assert rep["bad_input"] == {k: "ok" for k in ("broadcast_empty", "all_gather_empty",

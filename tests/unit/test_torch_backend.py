@@ -68,10 +68,14 @@ def test_tensor_on_an_unsupported_device_names_it(group):
         dist.all_reduce(torch.ones(2, device="meta"))
 
 
-def test_a_sparse_tensor_is_refused_by_name(group):
+def test_a_sparse_tensor_is_summed_and_refused_elsewhere_by_name(group):
     sparse = torch.eye(3).to_sparse()
-    with pytest.raises(NotImplementedError, match=r"allreduce of sparse tensors \(torch.sparse_coo\) is not supported"):
-        dist.all_reduce(sparse)
+    dist.all_reduce(sparse)
+    assert torch.equal(sparse.to_dense(), torch.eye(3))
+    with pytest.raises(NotImplementedError, match=r"allreduce of sparse tensors takes one CPU tensor and SUM .*op max"):
+        dist.all_reduce(sparse, op=dist.ReduceOp.MAX)
+    with pytest.raises(NotImplementedError, match=r"broadcast of sparse tensors \(torch.sparse_coo\) is not supported"):
+        dist.broadcast(sparse, 0)
 
 
 @pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])
@@ -105,10 +109,13 @@ def test_all_to_all_splits_that_do_not_add_up_name_the_rank_and_value(group):
         dist.all_to_all_single(torch.empty(4), torch.ones(4), output_split_sizes=[4], input_split_sizes=[2, 2])
 
 
-def test_unsupported_collective_names_it(group):
+def test_monitored_barrier_of_one_rank_returns_and_a_bad_timeout_is_named(group):
     # dist.monitored_barrier itself refuses every backend but gloo (torch 2.13-2.15)
-    with pytest.raises(NotImplementedError, match="monitored_barrier"):
-        dist.group.WORLD.monitored_barrier(datetime.timedelta(seconds=5))
+    with pytest.raises(ValueError, match="only implemented for GLOO"):
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=5))
+    ft.monitored_barrier(timeout=datetime.timedelta(seconds=5))
+    with pytest.raises(ValueError, match=r"monitored_barrier timeout -1 on world rank 0 is not a positive duration"):
+        ft.monitored_barrier(timeout=-1)
 
 
 @pytest.mark.parametrize("call,text", [

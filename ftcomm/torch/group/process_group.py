@@ -44,7 +44,8 @@ from ...core.events import between
 from ...core.outcome import agreed, redone_on_corruption, retrying
 from ...errors import FtError, ProcFailedError, RevokedError
 from ...membership import spares
-from . import alltoall, data_plane, p2p, rooted
+from . import alltoall, data_plane, p2p, rooted, sparse
+from . import monitored_barrier as monitored
 from .device import Staging
 from .executor import EXECUTOR
 from .host_bytes import byte_view
@@ -60,16 +61,8 @@ _OPS = {_R.SUM: "sum", _R.AVG: "avg", _R.MIN: "min", _R.MAX: "max", _R.PRODUCT: 
 SUPPORTED = ("allreduce (SUM, AVG, MIN, MAX, PRODUCT), allreduce_coalesced, broadcast, allgather, "
              "all_gather_into_tensor, all_gather_coalesced, all_gather_into_tensor_coalesced, reduce_scatter, "
              "reduce_scatter_tensor, reduce_scatter_tensor_coalesced, reduce, gather, scatter, all_to_all, "
-             "all_to_all_single, barrier, send, recv (any source too)")
-
-
-def _unsupported(name: str):
-    def method(self, *args, **kwargs):
-        raise NotImplementedError(f"ftcomm backend does not implement {name}; it supports {SUPPORTED}")
-
-    method.__name__ = name
-    method.__doc__ = f"Not implemented: raises NotImplementedError naming {name!r}."
-    return method
+             "all_to_all_single, barrier, monitored_barrier, send, recv (any source too); sparse COO tensors in "
+             "allreduce (SUM, CPU)")
 
 
 def _reduce_op(opts, collective: str) -> str:
@@ -88,7 +81,7 @@ SUPPORTED_DEVICES = ("cpu", "cuda")
 
 def _check_devices(tensors, collective: str) -> None:
     """Raises NotImplementedError for a tensor on a device the backend cannot reduce, or a sparse
-    (any but strided) one."""
+    (any but strided) one (only allreduce takes sparse COO tensors)."""
     for t in tensors:
         if t.layout != torch.strided:
             raise NotImplementedError(f"ftcomm backend: {collective} of sparse tensors ({t.layout}) is not supported; "
@@ -363,9 +356,12 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         """In-place allreduce of ``tensors`` (one tensor per device; several are reduced as one
         bucket, committed as one ftcomm step). ``opts.reduceOp``: SUM, AVG, MIN, MAX, PRODUCT.
 
+        A sparse COO tensor (CPU, SUM only) is summed as gloo does it, by gathering every rank's
+        nonzeros (``sparse.py``).
+
         Raises:
-            NotImplementedError: another op (BAND, BOR, BXOR, PREMUL_SUM), or a tensor on a
-                device other than CPU and CUDA.
+            NotImplementedError: another op (BAND, BOR, BXOR, PREMUL_SUM), a tensor on a device
+                other than CPU and CUDA, or a sparse tensor with another op, on CUDA, or in a list.
         Work errors: ``ftcomm.InvalidInputError`` (dtype, contiguity, lengths differ between
             ranks), ``ftcomm.ProcFailedError`` outside a resilient step, timeouts.
         """
@@ -378,6 +374,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     def _allreduce_bucket(self, name: str, tensors, opts) -> FtWork:
         op = _reduce_op(opts, name)
         tensors = list(tensors)
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            return self._allreduce_sparse(name, tensors, op)
         _check_devices(tensors, name)
         staging = Staging(inout=tensors)
 
@@ -391,6 +389,22 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             return self._submit(name, tensors, lambda comm: self._step_commit.run(comm, name, uncommitted),
                                 uniform=True, staging=staging)
         return self._submit(name, tensors, fn, uniform=True, staging=staging)
+
+    def _allreduce_sparse(self, name: str, tensors, op: str) -> FtWork:
+        """SUM of one CPU sparse COO tensor, in place (``sparse.py``); not committed as a step.
+
+        Raises:
+            NotImplementedError: another op, several tensors, or a CUDA sparse tensor.
+        """
+        if op != "sum" or len(tensors) != 1 or tensors[0].device.type != "cpu":
+            raise NotImplementedError(f"ftcomm backend: {name} of sparse tensors takes one CPU tensor and SUM "
+                                      f"(got {len(tensors)} tensor(s) on {tensors[0].device}, op {op})")
+        (tensor,) = tensors
+
+        def fn(comm):
+            sparse.allreduce_sum(comm, tensor, self._timeout)
+
+        return self._submit(name, tensors, fn, uniform=False)
 
     def broadcast(self, tensors, opts=None) -> FtWork:
         """Broadcast of each tensor from ``opts.rootRank``, in place, any dtype. If the root dies
@@ -535,8 +549,18 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._submit("barrier", [], fn, uniform=False, local=_nothing)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None) -> FtWork:
-        """``dist.all_gather_coalesced``: as ``allgather``, one output list per input."""
-        return self.allgather(output_lists, input_list, opts)
+        """``dist.all_gather_coalesced``: ``output_lists[r][j]`` receives rank r's
+        ``input_list[j]`` (torch's layout: one list per rank), as ``allgather`` of each input.
+
+        Raises:
+            ValueError: not one output list per rank, or a list without one tensor per input.
+        """
+        output_lists, input_list = [list(out) for out in output_lists], list(input_list)
+        if len(output_lists) != self.size() or any(len(out) != len(input_list) for out in output_lists):
+            raise ValueError(f"all_gather_coalesced on world rank {self.comm.world_rank}: needs {self.size()} output "
+                             f"lists (one per rank) of {len(input_list)} tensors (one per input), got "
+                             f"{[len(out) for out in output_lists]}")
+        return self.allgather([list(per_input) for per_input in zip(*output_lists)], input_list, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> FtWork:
         """``all_gather_into_tensor`` of each (output, input) pair, in one Work (torch's
@@ -685,8 +709,23 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         staging = Staging(inputs=[tensor]) if is_send else Staging(outputs=[tensor])
         return p2p.post(comm, tensor, peer, tag, is_send, self._timeout, staging)
 
-    # -- not implemented --------------------------------------------------------------------
-    monitored_barrier = _unsupported("monitored_barrier")
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier on this group (``monitored_barrier.py``): blocks until every
+        rank reached it, else rank 0 raises naming the ranks that did not. ``timeout``: a
+        ``timedelta`` or seconds (default: the group's timeout).
+
+        Raises:
+            CollectiveTimeoutError: a rank did not report, or rank 0 did not answer.
+            ProcFailedError: a rank waited for died.
+        """
+        if self.joining:
+            raise RuntimeError("ftcomm backend: monitored_barrier on a promoted spare before it joined the survivors")
+        seconds = self._timeout if timeout is None else (
+            timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout))
+        if not seconds > 0:
+            raise ValueError(f"ftcomm backend: monitored_barrier timeout {timeout!r} on world rank "
+                             f"{self.comm.world_rank} is not a positive duration")
+        monitored.monitored_barrier(self.comm, seconds, wait_all_ranks)
 
 
 def ftcomm_group(process_group, user: str) -> "ProcessGroupFtcomm":
@@ -701,6 +740,20 @@ def ftcomm_group(process_group, user: str) -> "ProcessGroupFtcomm":
         raise TypeError(f"{user} needs an ftcomm process group, not {type(pg).__name__}: "
                         'call dist.init_process_group("ftcomm") first (or pass process_group=)')
     return pg
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """``dist.monitored_barrier`` for ftcomm groups (torch's own accepts only gloo by name): every
+    rank of ``group`` (default: the default group) blocks until all reached it; otherwise rank 0
+    raises naming the first rank that did not (every one with ``wait_all_ranks``), and the others
+    raise at their deadline. ``timeout``: a ``timedelta`` or seconds (default: the group's).
+
+    Raises:
+        TypeError: ``group`` is not an ftcomm group.
+        ValueError: a timeout that is not a positive duration.
+        CollectiveTimeoutError, ProcFailedError: as ``ProcessGroupFtcomm.monitored_barrier``.
+    """
+    ftcomm_group(group, "ftcomm.torch.monitored_barrier").monitored_barrier(timeout, wait_all_ranks)
 
 
 def _nothing() -> None:
