@@ -189,6 +189,16 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     # torch names a group through its registered backends, and this group is its own backend (a
     # Python process group registers none): the name and description are kept here instead, so
     # that ``group_name`` and ``dist.destroy_process_group(group)`` work.
+    def _get_backend(self, device):
+        """torch's per-device backend of this group. ftcomm registers none with torch's C++
+        group (this group is its own backend, for CPU and CUDA tensors alike); torch 2.15 asks
+        for one in ``batch_isend_irecv`` (to see whether it coalesces), where this group is the
+        answer: it does not coalesce point-to-point."""
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            return self
+
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
 
