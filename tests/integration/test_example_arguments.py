@@ -11,7 +11,7 @@ import pytest
 
 from harness import REPO, job_environment
 
-EXAMPLES = ["train_digits.py", "ddp_train.py", "zero_train.py", "shrink_demo.py"]
+EXAMPLES = ["train_digits.py", "ddp_train.py", "zero_train.py", "shrink_demo.py", "pipeline_train.py", "moe_all_to_all.py"]
 POISONED = ("torch", "mpi4py", "sklearn", "ftcomm", "numpy")
 
 
