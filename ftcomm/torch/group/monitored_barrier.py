@@ -1,12 +1,13 @@
 """A barrier that says which ranks did not reach it: gloo's ``monitored_barrier`` on an ftcomm
 group.
 
-torch's ``dist.monitored_barrier`` refuses every backend but gloo by name (torch 2.13 to 2.15:
+torch's ``dist.monitored_barrier`` refuses every backend but gloo by name (torch 2.13:
 "monitored_barrier is only implemented for GLOO backend"), so ftcomm groups are monitored through
 ``ftcomm.torch.monitored_barrier`` (or the group's own ``monitored_barrier`` method), with gloo's
 semantics:
 
-- every rank but group rank 0 sends rank 0 a one-byte token, then waits for rank 0's token back;
+- every rank but group rank 0 sends rank 0 a token (8 bytes: the barrier's number), then waits
+  for rank 0's token back;
 - rank 0 receives every token, each within ``timeout``, and only when all came sends its tokens
   back. Otherwise it raises naming the first rank that did not report (every such rank with
   ``wait_all_ranks``), and the others, never answered, raise at their own deadline.
