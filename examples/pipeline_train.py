@@ -82,8 +82,8 @@ def run_step(stage_modules: nn.Sequential, xb, yb, micro_batches: int, step: int
         if not first:
             x = torch.empty(len(x), WIDTH)
             dist.recv(x, rank - 1, tag=m)
-            if ARGS.kill == (dist.group.WORLD.comm.world_rank, step) and m == 1:  # demo only
-                os.kill(os.getpid(), signal.SIGKILL)
+        if ARGS.kill == (dist.group.WORLD.comm.world_rank, step) and m == min(1, micro_batches - 1):  # demo only
+            os.kill(os.getpid(), signal.SIGKILL)
         x.requires_grad_(not first)
         out = stage_modules(x)
         inputs.append(x)

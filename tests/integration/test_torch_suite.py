@@ -40,7 +40,6 @@ KNOWN = {
                                    "every group without a CPU backend registered in torch's C++ group (2.15); "
                                    "ftcomm.torch.monitored_barrier gives the same barrier",
     "test_monitored_barrier_gloo_subgroup": "as test_monitored_barrier_gloo",
-    "test_monitored_barrier_gloo_rank_0_timeout": "as test_monitored_barrier_gloo",
 }
 
 

@@ -312,6 +312,11 @@ bad_cases = {
     "all_to_all_single_splits": lambda: dist.all_to_all_single(
         torch.empty(N), torch.ones(N + (1 if RANK == BAD else 0)), output_split_sizes=[1] * N,
         input_split_sizes=[2 if j == 0 else 1 for j in range(N)] if RANK == BAD else [1] * N),
+    # sparse: rank 1's values are int32 where the others' are float32 (the same size), then its
+    # shape is another
+    "sparse_dtype": lambda: dist.all_reduce(torch.sparse_coo_tensor(
+        [[0]], torch.ones(1, dtype=torch.int32 if RANK == BAD else torch.float32), (4,))),
+    "sparse_shape": lambda: dist.all_reduce(torch.sparse_coo_tensor([[0]], torch.ones(1), (5 if RANK == BAD else 4,))),
 }
 bad_input = {}
 for name, fn in bad_cases.items():

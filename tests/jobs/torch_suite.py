@@ -155,10 +155,19 @@ if args.list:  # the names as the class holds them (parametrized tests get their
     names = list(vars(suite.DistributedTest._DistTestBase)) + list(vars(CpuAdapted))
     report(kind="tests", names=[name for name in names if name.startswith("test_")])
     sys.exit(0)
+def _watched(name: str) -> threading.Event:
+    """A watchdog over what follows, until the returned event is set."""
+    done = threading.Event()
+    threading.Thread(target=_watchdog, args=(name, time.monotonic(), done), daemon=True).start()
+    return done
+
+
 for index, name in enumerate(args.tests):
-    done, started = threading.Event(), time.monotonic()
-    threading.Thread(target=_watchdog, args=(name, started, done), daemon=True).start()
+    # the meeting has its own deadline: a rank that ended the last test early waits here for the others
+    met = _watched(f"(the meeting before {name})")
     _between_tests()
+    met.set()
+    done, started = _watched(name), time.monotonic()
     outcome, message = run_test(index, name)
     done.set()
     report(kind="result", test=name, outcome=outcome, seconds=round(time.monotonic() - started, 2), message=message)

@@ -48,13 +48,19 @@ def monitored_barrier(comm, timeout: float, wait_all_ranks: bool = False) -> Non
     Raises:
         CollectiveTimeoutError: on rank 0, the ranks that did not report within ``timeout``
             ("Rank(s) R failed to pass monitoredBarrier in T ms", gloo's words); on the others,
-            rank 0 did not answer (it raised, or is late itself).
-        ProcFailedError: a rank it waited for died (``failed_ranks``: their group ranks).
+            rank 0 did not answer (it raised, or is late itself). A zero timeout: at once, on
+            every rank ("Rank R timed out in monitoredBarrier after 0 ms").
+        ProcFailedError: a rank it waited for died (``failed_ranks``: their group ranks). The
+            group is not rebuilt here: its next collective finds the failure and recovers.
+        RevokedError: another rank's collective found a failure and revoked the communicator.
     """
     if comm.size == 1:
         return
     number = _calls.get(comm, 0) + 1
     _calls[comm] = number
+    if timeout <= 0:  # gloo's answer to a zero timeout: this rank timed out at once
+        raise CollectiveTimeoutError(f"monitored_barrier on world rank {comm.world_rank}: Rank {comm.rank} timed "
+                                     "out in monitoredBarrier after 0 ms")
     deadline = time.monotonic() + timeout
     if comm.rank != _ROOT:
         try:
@@ -66,15 +72,20 @@ def monitored_barrier(comm, timeout: float, wait_all_ranks: bool = False) -> Non
                 f"did not answer within {timeout:g} s: it named ranks that did not report, or is late itself "
                 f"({error})") from None
         return
-    # Every receive is waited for to its end, so that none is left posted to take the token of a
-    # later monitored barrier.
+    # Every receive is waited for to its end, whatever another one raised, so that none is left
+    # posted to take the token of a later monitored barrier.
     posted = {peer: _post_receive(comm, peer, deadline) for peer in range(1, comm.size)}
     missing: dict[int, FtError] = {}
+    other = None
     for peer, first in posted.items():
         try:
             _receive_token(comm, peer, number, deadline, first)
         except (CollectiveTimeoutError, ProcFailedError) as error:
             missing[peer] = error
+        except FtError as error:  # revoked by another collective's failure, or an MPI error
+            other = other or error
+    if other is not None:
+        raise other
     if missing:
         raise _missing_error(comm, missing, timeout, wait_all_ranks)
     for work in [_send_token(comm, peer, number, timeout) for peer in range(1, comm.size)]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -732,9 +733,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise RuntimeError("ftcomm backend: monitored_barrier on a promoted spare before it joined the survivors")
         seconds = self._timeout if timeout is None else (
             timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout))
-        if not seconds > 0:
+        if not seconds >= 0:
             raise ValueError(f"ftcomm backend: monitored_barrier timeout {timeout!r} on world rank "
-                             f"{self.comm.world_rank} is not a positive duration")
+                             f"{self.comm.world_rank} is not a duration of 0 or more")
         monitored.monitored_barrier(self.comm, seconds, wait_all_ranks)
 
 
@@ -760,9 +761,12 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
 
     Raises:
         TypeError: ``group`` is not an ftcomm group.
-        ValueError: a timeout that is not a positive duration.
+        ValueError: a negative timeout.
         CollectiveTimeoutError, ProcFailedError: as ``ProcessGroupFtcomm.monitored_barrier``.
     """
+    if dist.distributed_c10d._rank_not_in_group(group):  # as torch's: a rank outside the group returns
+        warnings.warn("ftcomm.torch.monitored_barrier: this rank is not in the group; nothing to do", stacklevel=2)
+        return
     ftcomm_group(group, "ftcomm.torch.monitored_barrier").monitored_barrier(timeout, wait_all_ranks)
 
 

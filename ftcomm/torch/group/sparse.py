@@ -2,12 +2,14 @@
 ``nn.Embedding(sparse=True)`` under DDP).
 
 Every rank's nonzeros are gathered to every rank and summed there: first each rank's count of
-nonzeros and its tensor's shape (one ring allgather of int64s), then its indices and its values,
-each padded to the largest count (two more allgathers); the sum is the coalesced COO tensor of
+nonzeros, numbers of dimensions and dtype, then its shape (two small allgathers of int64s), then
+its indices and its values, each padded to the largest count (two more allgathers); the sum is the coalesced COO tensor of
 all of them, copied into the caller's tensor in place. The bytes moved grow with the ranks' total
 nonzeros, not the dense size: this is worth it while the tensors are sparse.
 """
 from __future__ import annotations
+
+import zlib
 
 import torch
 
@@ -20,15 +22,18 @@ def allreduce_sum(comm, tensor: torch.Tensor, timeout: float) -> None:
     ``comm`` in place. A local outcome, as ``Communicator.allgather``.
 
     Raises:
-        InvalidInputError: on every rank, when the ranks' shapes or numbers of sparse dimensions
-            differ (naming the world ranks), or their dtypes do (from the allgather's check).
+        InvalidInputError: on every rank, when the ranks' shapes, numbers of sparse dimensions or
+            dtypes differ, naming the world ranks and the values.
         ProcFailedError, RevokedError, CollectiveTimeoutError: as ``Communicator.allgather``.
     """
     local = tensor.coalesce()
     indices, values = local.indices().contiguous(), local.values().contiguous()
-    header = torch.tensor([indices.shape[1], local.sparse_dim(), *local.shape], dtype=torch.int64)
+    # Fixed-length first, so that ranks differing in any of it get this message, not a size mismatch
+    header = torch.tensor([indices.shape[1], local.sparse_dim(), local.dim(), _dtype_code(local.dtype)],
+                          dtype=torch.int64)
     headers = _gathered(comm, header, timeout)
-    _check_same_shape(comm, headers)
+    _check_same(comm, headers[:, 1:], "sparse dims, dims and dtype code", local.dtype)
+    _check_same(comm, _gathered(comm, torch.tensor(local.shape, dtype=torch.int64), timeout), "shape", local.dtype)
     counts = headers[:, 0].tolist()
     most = max(counts)
     index_rows = _gathered(comm, _padded(indices, 1, most), timeout)           # (ranks, sparse_dim, most)
@@ -54,10 +59,15 @@ def _padded(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     return torch.cat([t, torch.zeros(shape, dtype=t.dtype)], dim=dim)
 
 
-def _check_same_shape(comm, headers: torch.Tensor) -> None:
+def _dtype_code(dtype: torch.dtype) -> int:
+    """A number for ``dtype``, the same in every process (its name's CRC-32)."""
+    return zlib.crc32(str(dtype).encode())
+
+
+def _check_same(comm, rows: torch.Tensor, what: str, dtype: torch.dtype) -> None:
+    """Raises on every rank (each holds the same ``rows``) when a rank's row differs from rank 0's."""
     for r in range(comm.size):
-        if not torch.equal(headers[r, 1:], headers[0, 1:]):
+        if not torch.equal(rows[r], rows[0]):
             raise InvalidInputError(
-                f"sparse allreduce on world rank {comm.world_rank}: world rank {comm.world_ranks[r]} has "
-                f"{int(headers[r, 1])} sparse dims and shape {headers[r, 2:].tolist()}, world rank "
-                f"{comm.world_ranks[0]} {int(headers[0, 1])} and {headers[0, 2:].tolist()}")
+                f"sparse allreduce on world rank {comm.world_rank}: world rank {comm.world_ranks[r]} gives {what} "
+                f"{rows[r].tolist()}, world rank {comm.world_ranks[0]} {rows[0].tolist()} (this rank's dtype: {dtype})")
