@@ -40,7 +40,7 @@ def allreduce_sum(comm, tensor: torch.Tensor, timeout: float) -> None:
     value_rows = _gathered(comm, _padded(values, 0, most), timeout)            # (ranks, most, *dense)
     every_index = torch.cat([index_rows[r, :, :count] for r, count in enumerate(counts)], dim=1)
     every_value = torch.cat([value_rows[r, :count] for r, count in enumerate(counts)], dim=0)
-    total = torch.sparse_coo_tensor(every_index, every_value, local.shape).coalesce()
+    total = torch.sparse_coo_tensor(every_index, every_value, local.shape, check_invariants=True).coalesce()
     tensor.copy_(total)
 
 
