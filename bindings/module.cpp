@@ -210,8 +210,6 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("fence_timeout_s"), py::arg("run_dir"), py::arg("profile"), py::arg("late_rank_fence"),
         "Hands the core its settings (core/settings.h); called once by ftcomm.core.runtime.");
-  m.def("late_rank_fence", &ftcomm::LateRankFence,
-        "The late-rank policy now: True fences a live rank late past a deadline, False names it");
   m.def("set_late_rank_fence", &ftcomm::SetLateRankFence, py::arg("fence"),
         "Changes the late-rank policy (read by each wait when its deadline passes)");
 

@@ -125,12 +125,6 @@ _C.configure(fence_timeout_s=settings.fence_timeout(), run_dir=settings.run_dir(
              profile=settings.profile(), late_rank_fence=settings.late_rank_fence())
 
 
-def late_rank_fence() -> bool:
-    """The late-rank policy in force (FTCOMM_LATE_RANK at start-up, ``set_late_rank_fence``
-    since): True fences a live rank late past a collective's deadline, False names it."""
-    return _C.late_rank_fence()
-
-
 def set_late_rank_fence(fence: bool) -> None:
     """Changes the late-rank policy for the waits whose deadline passes from now on."""
     _C.set_late_rank_fence(bool(fence))

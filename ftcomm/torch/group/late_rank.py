@@ -26,9 +26,8 @@ _loops = 0  # resilient loops running in this process
 def use_torch_default() -> None:
     """Called when an ftcomm process group is created: late ranks are named, not fenced, outside
     resilient loops (unless FTCOMM_LATE_RANK is set)."""
-    if not settings.late_rank_is_set():
-        with _lock:
-            runtime.set_late_rank_fence(_loops > 0)
+    with _lock:
+        _apply()
 
 
 def loop_started() -> None:
@@ -37,13 +36,18 @@ def loop_started() -> None:
     global _loops
     with _lock:
         _loops += 1
-        if not settings.late_rank_is_set():
-            runtime.set_late_rank_fence(True)
+        _apply()
 
 
 def loop_ended() -> None:
     global _loops
     with _lock:
         _loops -= 1
-        if not settings.late_rank_is_set():
-            runtime.set_late_rank_fence(_loops > 0)
+        _apply()
+
+
+def _apply() -> None:
+    """Fences late ranks while a resilient loop runs, names them otherwise; FTCOMM_LATE_RANK, when
+    set, stays in force. Called under ``_lock``."""
+    if not settings.late_rank_is_set():
+        runtime.set_late_rank_fence(_loops > 0)

@@ -187,9 +187,6 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<ProcessGroupFtcomm rank {self.rank()} of {self.size()}, generation {self.generation}>"
 
-    # torch names a group through its registered backends, and this group is its own backend (a
-    # Python process group registers none): the name and description are kept here instead, so
-    # that ``group_name`` and ``dist.destroy_process_group(group)`` work.
     def _get_backend(self, device):
         """torch's per-device backend of this group. ftcomm registers none with torch's C++
         group (this group is its own backend, for CPU and CUDA tensors alike); torch 2.15 asks
@@ -200,6 +197,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         except RuntimeError:
             return self
 
+    # torch names a group through its registered backends, and this group is its own backend (a
+    # Python process group registers none): the name and description are kept here instead, so
+    # that ``group_name`` and ``dist.destroy_process_group(group)`` work.
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
 

@@ -3,8 +3,8 @@
 
 Every rank's nonzeros are gathered to every rank and summed there: first each rank's count of
 nonzeros, numbers of dimensions and dtype, then its shape (two small allgathers of int64s), then
-its indices and its values, each padded to the largest count (two more allgathers); the sum is the coalesced COO tensor of
-all of them, copied into the caller's tensor in place. The bytes moved grow with the ranks' total
+its indices and its values, each padded to the largest count (two more allgathers); the sum is
+the coalesced COO tensor of all of them, copied into the caller's tensor in place. The bytes moved grow with the ranks' total
 nonzeros, not the dense size: this is worth it while the tensors are sparse.
 """
 from __future__ import annotations
