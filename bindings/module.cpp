@@ -20,6 +20,7 @@
 #include "core/communicator.h"
 #include "core/liveness.h"
 #include "core/mpi_compat.h"
+#include "core/mpi_serial.h"
 #include "core/settings.h"
 #include "core/tags.h"
 #include "core/watchdog.h"
@@ -212,6 +213,15 @@ PYBIND11_MODULE(_C, m) {
         "Hands the core its settings (core/settings.h); called once by ftcomm.core.runtime.");
   m.def("set_late_rank_fence", &ftcomm::SetLateRankFence, py::arg("fence"),
         "Changes the late-rank policy (read by each wait when its deadline passes)");
+
+  // The lock every MPI call of the core holds (core/mpi_serial.h), for the Python code that calls
+  // mpi4py from a thread of its own. Taken without the GIL: its holder may be waiting for it.
+  m.def("mpi_call_lock", [] {
+        py::gil_scoped_release release;
+        ftcomm::MpiCallMutex().lock();
+      },
+      "Takes the process's MPI-call lock (recursive); pair with mpi_call_unlock in the same thread");
+  m.def("mpi_call_unlock", [] { ftcomm::MpiCallMutex().unlock(); }, "Releases the MPI-call lock");
 
   py::class_<PyCommunicator>(m, "Communicator")
       .def_static("create", &Create, py::arg("mpi4py_comm"), py::arg("timeout"))

@@ -4,6 +4,8 @@
 #include <climits>
 #include <string>
 
+#include "core/mpi_serial.h"
+
 namespace ftcomm {
 namespace {
 
@@ -20,6 +22,7 @@ Status Post(Communicator& comm, const Transfer& t, int tag, bool is_send,
   do {
     const size_t n = std::min(kMaxMessage, t.bytes - done);
     MPI_Request req;
+    MpiSerial serial;
     int rc = is_send ? MPI_Isend(t.data + done, static_cast<int>(n), MPI_BYTE, t.peer, tag,
                                  comm.handle(), &req)
                      : MPI_Irecv(t.data + done, static_cast<int>(n), MPI_BYTE, t.peer, tag,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/liveness.h"
+#include "core/mpi_serial.h"
 #include "core/tags.h"
 
 namespace ftcomm {
@@ -92,8 +93,10 @@ Status MinMaxRound(Communicator& comm, RoundKind kind, const std::vector<int64_t
   for (int dist = 1; dist < size; dist *= 2) {
     const int source = (rank - dist + size) % size;
     MPI_Request send;
-    int rc = MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_INT64_T, (rank + dist) % size, kTag,
+    int rc = Serialized([&] {
+      return MPI_Isend(out.data(), static_cast<int>(out.size()), MPI_INT64_T, (rank + dist) % size, kTag,
                        comm.handle(), &send);
+    });
     if (rc != MPI_SUCCESS) return comm.Classify(rc, "validation");
     Status s = comm.ReceiveWhole(source, kTag, deadline, "validation", &in);
     if (s.ok()) s = comm.Wait(&send, 1, deadline, "validation");

@@ -7,6 +7,7 @@
 #include "collectives/chunking.h"
 #include "collectives/reduce_kernels.h"
 #include "collectives/stream_copy.h"
+#include "core/mpi_serial.h"
 #include "core/tags.h"
 #include "fault/injection.h"
 
@@ -86,8 +87,10 @@ Status RingAllreduce::PostRecvs(int t) {
   for (size_t c = 0; c < slot.size(); ++c) {
     size_t offset, length;
     ChunkRange(seg, c, &offset, &length);
-    int rc = MPI_Irecv(RecvTarget(t, c), static_cast<int>(length * esize_), MPI_BYTE, left_,
-                       kRingTag, comm_.handle(), &slot[c]);
+    int rc = Serialized([&] {
+      return MPI_Irecv(RecvTarget(t, c), static_cast<int>(length * esize_), MPI_BYTE, left_, kRingTag,
+                       comm_.handle(), &slot[c]);
+    });
     if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: receive");
   }
   if (checksums_) {
@@ -108,8 +111,10 @@ Status RingAllreduce::PostSend(int t, size_t c) {
   size_t offset, length;
   ChunkRange(seg, c, &offset, &length);
   MPI_Request req;
-  int rc = MPI_Isend(buf_.data + offset * esize_, static_cast<int>(length * esize_), MPI_BYTE,
-                     right_, kRingTag, comm_.handle(), &req);
+  int rc = Serialized([&] {
+    return MPI_Isend(buf_.data + offset * esize_, static_cast<int>(length * esize_), MPI_BYTE, right_, kRingTag,
+                     comm_.handle(), &req);
+  });
   if (rc != MPI_SUCCESS) return comm_.Classify(rc, "ring allreduce: send");
   // The sums of the input and of reductions were taken as they were written (SaveOwnSegment,
   // ReduceChunk); an allgather step after the first forwards what arrived at the step before.
@@ -123,6 +128,7 @@ bool RingAllreduce::SendsFromSegmentDone(int seg) {
   for (size_t i : segment_sends_[seg]) {
     if (sends_[i] == MPI_REQUEST_NULL) continue;
     int done = 0;
+    MpiSerial serial;
     if (MPI_Test(&sends_[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
     if (!done) return false;
   }

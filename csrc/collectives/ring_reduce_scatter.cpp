@@ -6,6 +6,7 @@
 #include "collectives/checksum.h"
 #include "collectives/chunking.h"
 #include "collectives/reduce_kernels.h"
+#include "core/mpi_serial.h"
 #include "core/tags.h"
 #include "fault/injection.h"
 
@@ -54,8 +55,10 @@ Status RingReduceScatter::PostRecvs(int t) {
   std::vector<MPI_Request>& slot = recvs_[t % 2];
   slot.assign(ChunkCount(), MPI_REQUEST_NULL);
   for (size_t c = 0; c < slot.size(); ++c) {
-    int rc = MPI_Irecv(Slot(staging_, t % 2, c), static_cast<int>(ChunkLength(c) * esize_), MPI_BYTE,
-                       left_, kTag, comm_.handle(), &slot[c]);
+    int rc = Serialized([&] {
+      return MPI_Irecv(Slot(staging_, t % 2, c), static_cast<int>(ChunkLength(c) * esize_), MPI_BYTE, left_, kTag,
+                       comm_.handle(), &slot[c]);
+    });
     if (rc != MPI_SUCCESS) return comm_.Classify(rc, "reduce-scatter: receive");
   }
   if (checksums_) {
@@ -71,8 +74,10 @@ Status RingReduceScatter::PostSend(int t, size_t c) {
   // summed as they were written (ReduceChunk).
   if (checksums_ && t == 0) sums_->sent(0, c) = WordSum(SendSource(0, c), ChunkLength(c) * esize_);
   MPI_Request req;
-  int rc = MPI_Isend(SendSource(t, c), static_cast<int>(ChunkLength(c) * esize_), MPI_BYTE, right_,
-                     kTag, comm_.handle(), &req);
+  int rc = Serialized([&] {
+    return MPI_Isend(SendSource(t, c), static_cast<int>(ChunkLength(c) * esize_), MPI_BYTE, right_, kTag,
+                     comm_.handle(), &req);
+  });
   if (rc != MPI_SUCCESS) return comm_.Classify(rc, "reduce-scatter: send");
   sends_[t].push_back(req);
   return Status::Ok();

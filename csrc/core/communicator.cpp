@@ -9,6 +9,7 @@
 
 #include "core/liveness.h"
 #include "core/mpi_compat.h"
+#include "core/mpi_serial.h"
 #include "core/settings.h"
 #include "core/watchdog.h"
 
@@ -140,7 +141,7 @@ Status Communicator::Revoke() {
   }
   failure_seen_ = true;
   revoked_seen_ = true;
-  int rc = ulfm::Revoke(comm_);
+  int rc = Serialized([&] { return ulfm::Revoke(comm_); });
   if (rc != MPI_SUCCESS && MpiErrorClass(rc) != ulfm::ErrRevoked()) return Classify(rc, "revoke");
   return Status::Ok();
 }
@@ -149,7 +150,10 @@ bool Communicator::IsRevoked() const {
   if (!ft_enabled_) return false;
   int flag = 0;
   bool supported = false;
-  ulfm::IsRevoked(comm_, &flag, &supported);
+  {
+    MpiSerial serial;
+    ulfm::IsRevoked(comm_, &flag, &supported);
+  }
   // An MPI that cannot tell (MPICH): revoked if this rank revoked it or saw an operation fail so.
   return supported ? flag != 0 : revoked_seen_;
 }
@@ -160,6 +164,7 @@ Status Communicator::FailedRanks(std::vector<int>* out) {
     return Status::Error(StatusCode::kUlfmUnavailable,
                          "failed_ranks needs an MPI with ULFM switched on");
   }
+  MpiSerial serial;  // nothing below waits
   ulfm::AckFailed(comm_, size_);
   MPI_Group failed_group, comm_group;
   if (ulfm::GetFailed(comm_, &failed_group) != MPI_SUCCESS) return Status::Ok();
@@ -213,7 +218,7 @@ Status Communicator::Wait(MPI_Request* requests, int count, const Deadline& dead
     for (int i = 0; i < count; ++i) {
       if (requests[i] == MPI_REQUEST_NULL) continue;
       int done = 0;
-      int rc = MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+      int rc = Serialized([&] { return MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE); });
       if (rc != MPI_SUCCESS) {
         requests[i] = MPI_REQUEST_NULL;  // completed in error
         return Classify(rc, what);
@@ -237,7 +242,7 @@ Status Communicator::ReceiveWhole(int source, int tag, const Deadline& deadline,
   MPI_Status status;
   for (;;) {
     int matched = 0;
-    int rc = MPI_Improbe(source, tag, comm_, &matched, &message, &status);
+    int rc = Serialized([&] { return MPI_Improbe(source, tag, comm_, &matched, &message, &status); });
     if (rc != MPI_SUCCESS) return Classify(rc, what);
     if (matched) break;
     end.Poll();
@@ -248,7 +253,9 @@ Status Communicator::ReceiveWhole(int source, int tag, const Deadline& deadline,
   MPI_Get_count(&status, MPI_INT64_T, &count);
   into->assign(count == MPI_UNDEFINED ? 0 : count, 0);
   MPI_Request req;
-  int rc = MPI_Imrecv(into->data(), static_cast<int>(into->size()), MPI_INT64_T, &message, &req);
+  int rc = Serialized([&] {
+    return MPI_Imrecv(into->data(), static_cast<int>(into->size()), MPI_INT64_T, &message, &req);
+  });
   if (rc != MPI_SUCCESS) return Classify(rc, what);
   Status s = Wait(&req, 1, deadline, what);
   if (!s.ok()) Drain(&req, 1);
@@ -265,6 +272,7 @@ void Communicator::Drain(MPI_Request* requests, int count) {
     for (int i = 0; i < count; ++i) {
       if (requests[i] == MPI_REQUEST_NULL) continue;
       int done = 0;
+      MpiSerial serial;
       if (MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
         requests[i] = MPI_REQUEST_NULL;
       } else {
@@ -276,6 +284,7 @@ void Communicator::Drain(MPI_Request* requests, int count) {
   }
   for (int i = 0; i < count; ++i) {
     if (requests[i] == MPI_REQUEST_NULL) continue;
+    MpiSerial serial;
     MPI_Cancel(&requests[i]);
     MPI_Request_free(&requests[i]);
   }
@@ -289,7 +298,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
     // Without ULFM an agreement is a plain bitwise-AND allreduce: right while nobody fails.
     int in = *flag;
     MPI_Request req;
-    int rc = MPI_Iallreduce(&in, flag, 1, MPI_INT, MPI_BAND, comm_, &req);
+    int rc = Serialized([&] { return MPI_Iallreduce(&in, flag, 1, MPI_INT, MPI_BAND, comm_, &req); });
     if (rc != MPI_SUCCESS) return Classify(rc, "agree");
     return Wait(&req, 1, deadline, "agree");
   }
@@ -308,10 +317,10 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
       watchdog::Guard guard(std::max(deadline.seconds_left(), 0.0), "MPIX_Comm_agree",
                             watchdog::Action::kKillSelf, world_ranks_);
       rc = ulfm::Agree(comm_, &contributed);
-    } else if ((rc = ulfm::Iagree(comm_, &contributed, &req)) == MPI_SUCCESS) {
+    } else if ((rc = Serialized([&] { return ulfm::Iagree(comm_, &contributed, &req); })) == MPI_SUCCESS) {
       int done = 0, idle_polls = 0;
       while (!done) {
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        rc = Serialized([&] { return MPI_Test(&req, &done, MPI_STATUS_IGNORE); });
         if (rc != MPI_SUCCESS) break;
         if (!done) end.Poll();
         if (!done && end.GiveUp()) {
@@ -329,6 +338,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
     *saw_failure = true;
     failure_seen_ = true;
     value = contributed;  // agreed among the contributors; acknowledge and agree again
+    MpiSerial serial;
     ulfm::AckFailed(comm_, size_);
   }
   return Status::Error(StatusCode::kProcFailed, "agree: failures kept arriving");
@@ -337,7 +347,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
 Status Communicator::Barrier(double timeout_s) {
   liveness::ActivityScope activity(liveness::Activity::kBarrier, last_committed_step_);
   MPI_Request req;
-  int rc = MPI_Ibarrier(comm_, &req);
+  int rc = Serialized([&] { return MPI_Ibarrier(comm_, &req); });
   if (rc != MPI_SUCCESS) return Classify(rc, "barrier");
   Status s = Wait(&req, 1, Deadline(timeout_s), "barrier");
   if (!s.ok()) Drain(&req, 1);
@@ -411,14 +421,22 @@ Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* sour
   for (;;) {
     int flag = 0;
     MPI_Status status;
-    int rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status);
-    if (rc != MPI_SUCCESS) {
+    int rc;
+    {
+      MpiSerial serial;
+      rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status);
+      // A probed message has arrived: its receive completes without waiting for anybody.
+      if (rc == MPI_SUCCESS && flag) {
+        rc = MPI_Recv(value, 1, MPI_INT, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE);
+      }
+    }
+    if (rc != MPI_SUCCESS && !flag) {
       Status s = Classify(rc, "spare wait");
+      MpiSerial serial;
       if (ft_enabled_) ulfm::AckFailed(comm_, size_);  // re-arms MPI_ANY_SOURCE receives for the next wait
       return s;
     }
     if (flag) {
-      rc = MPI_Recv(value, 1, MPI_INT, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) return Classify(rc, "spare wait");
       *source = status.MPI_SOURCE;
       return Status::Ok();
@@ -438,12 +456,13 @@ Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* sour
 Status Communicator::Signal(int peer, int tag, int value, double timeout_s) {
   liveness::ActivityScope activity(liveness::Activity::kSignal, -1);
   MPI_Request req;
-  int rc = MPI_Isend(&value, 1, MPI_INT, peer, tag, comm_, &req);
+  int rc = Serialized([&] { return MPI_Isend(&value, 1, MPI_INT, peer, tag, comm_, &req); });
   if (rc != MPI_SUCCESS) return Classify(rc, "signal");
   const std::vector<int> peers{peer};
   Status s = Wait(&req, 1, Deadline(timeout_s), "signal", &peers);
   if (!s.ok() && req != MPI_REQUEST_NULL) {
     // Not Drain: a signal that could not be delivered must not revoke the whole pool.
+    MpiSerial serial;
     MPI_Cancel(&req);
     MPI_Request_free(&req);
   }

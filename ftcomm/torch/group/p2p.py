@@ -40,6 +40,7 @@ import torch
 from mpi4py import MPI
 
 from ...core import liveness
+from ...core.mpi_calls import serialized
 from ...errors import CollectiveTimeoutError, InvalidInputError, MpiError, ProcFailedError, RevokedError
 from .host_bytes import byte_view
 from .work import FtWork, make_future
@@ -102,8 +103,9 @@ def post(comm, tensor: torch.Tensor, peer: int | None, tag: int, is_send: bool, 
     buf = host if host.is_contiguous() else host.contiguous()
     mpi = comm.mpi_comm
     source = MPI.ANY_SOURCE if peer is None else peer
-    request = mpi.Isend([byte_view(buf), MPI.BYTE], peer, tag) if is_send else \
-        mpi.Irecv([byte_view(buf), MPI.BYTE], source, tag)
+    with serialized():
+        request = mpi.Isend([byte_view(buf), MPI.BYTE], peer, tag) if is_send else \
+            mpi.Irecv([byte_view(buf), MPI.BYTE], source, tag)
 
     def finish(status: MPI.Status) -> None:
         if not is_send:
@@ -143,7 +145,7 @@ def _until_done(request, buf, comm, name: str, peer, timeout: float, finish) -> 
     status = MPI.Status()
     while True:
         try:
-            if request.Test(status):
+            if _test(request, status):
                 finish(status)
                 return
         except MPI.Exception as error:
@@ -186,8 +188,9 @@ def _acknowledge_failures(comm) -> list[int]:
     """Acknowledges the failures this rank knows of (re-arming wildcard receives); their ranks in
     ``comm``."""
     mpi = comm.mpi_comm
-    mpi.Ack_failed()
-    failed, everyone = mpi.Get_failed(), mpi.Get_group()
+    with serialized():
+        mpi.Ack_failed()
+        failed, everyone = mpi.Get_failed(), mpi.Get_group()
     try:
         ranks = failed.Translate_ranks(list(range(failed.Get_size())), everyone)
     finally:
@@ -203,9 +206,10 @@ def _completed_before_cancel(request, finish, buf, give_up_s: float = 1.0) -> bo
     with ``buf``, until it completes)."""
     status = MPI.Status()
     try:
-        request.Cancel()
+        with serialized():
+            request.Cancel()
         deadline = time.monotonic() + give_up_s
-        while not request.Test(status):
+        while not _test(request, status):
             if time.monotonic() >= deadline:
                 with _UNCANCELLED_LOCK:
                     _UNCANCELLED.append((request, buf))
@@ -225,11 +229,16 @@ def _reap_uncancelled() -> None:
         pending = []
         for request, buf in _UNCANCELLED:
             try:
-                if not request.Test():
+                if not _test(request):
                     pending.append((request, buf))
             except MPI.Exception:
                 pass  # its peer failed: MPI is done with the buffer
         _UNCANCELLED[:] = pending
+
+
+def _test(request, status=None) -> bool:
+    with serialized():
+        return request.Test(status)
 
 
 def _whom(comm, peer) -> str:
