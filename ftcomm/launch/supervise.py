@@ -30,7 +30,7 @@ from .. import segment_paths
 from .command import Launch, build_command, mpich_ft_requested
 from .hosts import Host, capacity, fit_world, names, read_hostfile, slurm_hosts, usable_hosts, write_hostfile
 from .processes import end_launcher, kill_ranks, signal_group, start_launcher
-from .reports import committed_ranks, failed_ranks, mpich_failure, read_reports, summarize
+from .reports import committed_ranks, failed_ranks, mpich_failure, pid_files, read_reports, summarize
 from .sessions import kill_sessions, lost_hosts, wait_for_ends
 from .signals import StopSignals
 from .verdict import WOULD_REPEAT, abnormal_end, backoff, repeat_reason
@@ -169,6 +169,8 @@ def final_status(args, launch: Launch, ended: Ended) -> int:
     if rc == 0 and crashed:  # e.g. MPI_Finalize overran after the error and the rank exited 0
         print(f"ftcomm-run: job failed: world rank(s) {crashed} ended by an uncaught exception", file=sys.stderr)
         return 1
+    if ended_well_without_ftcomm(ended):
+        return 0
     if rc == 0 and lost and not finished:  # every rank was lost: nothing recovered
         print(f"ftcomm-run: job failed: all {launch.ranks} ranks lost", file=sys.stderr)
         return 1
@@ -177,6 +179,13 @@ def final_status(args, launch: Launch, ended: Ended) -> int:
               f"lost world rank(s) {lost}", file=sys.stderr)
         return args.recovered_exit_code
     return rc
+
+
+def ended_well_without_ftcomm(ended: Ended) -> bool:
+    """True when the launcher exited 0 after running a program that never imported ftcomm (a
+    plain mpi4py script, a compiled MPI program): no rank published its pid or left an exit
+    report, and no host was lost. Nothing then says that a rank was lost: the job succeeded."""
+    return ended.status == 0 and not ended.reports and not pid_files(ended.run_dir) and not ended.lost
 
 
 def supervise(args, stop: StopSignals) -> int:
@@ -217,7 +226,7 @@ def _launches(args, stop: StopSignals, run_dirs: list[str]) -> int:
         if ended.signum is not None:
             print(f"ftcomm-run: {signal.Signals(ended.signum).name}: ended the job", file=sys.stderr)
             return 128 + ended.signum
-        why = None if ended.timed_out else abnormal_end(ended.status, ended.reports)
+        why = None if ended.timed_out or ended_well_without_ftcomm(ended) else abnormal_end(ended.status, ended.reports)
         if why is None or number == args.restarts:
             return _said(args, number, final_status(args, launch, ended))
         lost |= ended.lost
