@@ -131,9 +131,10 @@ def test_raw_allreduce_outside_resilient_raises_and_group_is_rebuilt():
 # (op, how, victim world rank): every op with a rank killed in it, the rooted ones with their
 # root (world rank 0) killed too, and a stopped rank (fenced) in two of them; the other stop
 # cells behind the matrix marker.
-OPS = ("reduce", "gather", "scatter", "all_to_all_single", "all_to_all")
+OPS = ("reduce", "gather", "scatter", "all_to_all_single", "all_to_all", "all_gather_coalesced",
+       "all_gather_into_tensor_coalesced", "sparse_all_reduce")
 OP_CELLS = ([(op, "kill", 2) for op in OPS] + [(op, "kill", 0) for op in ("reduce", "gather", "scatter")]
-            + [(op, "stop", 2) for op in ("gather", "all_to_all_single")])
+            + [(op, "stop", 2) for op in ("gather", "all_to_all_single", "sparse_all_reduce")])
 OP_MATRIX = [(op, "stop", 2) for op in OPS if (op, "stop", 2) not in OP_CELLS]
 
 

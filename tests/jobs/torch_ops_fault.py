@@ -1,5 +1,5 @@
-"""Job (4 ranks): one rooted or all-to-all collective of the ftcomm backend (--op), called plainly
-(outside any resilient loop) 6 times; at the 4th a rank (--victim, a world rank) dies (--how kill)
+"""Job (4 ranks): one rooted, all-to-all, coalesced or sparse collective of the ftcomm backend
+(--op), called plainly (outside any resilient loop) 6 times; at the 4th a rank (--victim, a world rank) dies (--how kill)
 or stops (--how stop: SIGSTOP, fenced by the survivors) just as the others enter the collective.
 Each survivor reports the error it got (ProcFailedError, on the rebuilt group) and whether every
 result, before and after, equals what the members of the group at that time should get (values
@@ -16,7 +16,9 @@ import ftcomm.torch  # noqa: F401  (registers "ftcomm")
 from harness import report
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--op", required=True, choices=("reduce", "gather", "scatter", "all_to_all_single", "all_to_all"))
+parser.add_argument("--op", required=True, choices=("reduce", "gather", "scatter", "all_to_all_single", "all_to_all",
+                                                    "all_gather_coalesced", "all_gather_into_tensor_coalesced",
+                                                    "sparse_all_reduce"))
 parser.add_argument("--victim", type=int, default=2)
 parser.add_argument("--how", choices=("kill", "stop"), default="kill")
 parser.add_argument("--at", type=int, default=3)
@@ -49,10 +51,31 @@ def run_once() -> bool:
         out = torch.empty_like(x)
         dist.all_to_all_single(out, x)
         return torch.equal(out, torch.tensor([[100.0 * w + ME] * 2 for w in members]))
-    ins = [torch.full((w + 1,), 100.0 * ME + w) for w in members]
-    outs = [torch.empty(ME + 1) for _ in members]
-    dist.all_to_all(outs, ins)
-    return all(o.eq(100.0 * w + ME).all().item() for w, o in zip(members, outs))
+    if args.op == "all_to_all":
+        ins = [torch.full((w + 1,), 100.0 * ME + w) for w in members]
+        outs = [torch.empty(ME + 1) for _ in members]
+        dist.all_to_all(outs, ins)
+        return all(o.eq(100.0 * w + ME).all().item() for w, o in zip(members, outs))
+    if args.op == "all_gather_coalesced":
+        ins = [torch.full((2,), float(ME)), torch.full((3,), -float(ME))]
+        outs = [[torch.empty(2), torch.empty(3)] for _ in members]
+        dist.all_gather_coalesced(outs, ins)
+        return all(a.eq(w).all().item() and b.eq(-w).all().item() for w, (a, b) in zip(members, outs))
+    if args.op == "all_gather_into_tensor_coalesced":
+        outs = [torch.empty(n * 2), torch.empty(n * 3)]
+        with dist._coalescing_manager():
+            dist.all_gather_into_tensor(outs[0], torch.full((2,), float(ME)))
+            dist.all_gather_into_tensor(outs[1], torch.full((3,), -float(ME)))
+        return (torch.equal(outs[0], torch.tensor([float(w) for w in members]).repeat_interleave(2))
+                and torch.equal(outs[1], torch.tensor([-float(w) for w in members]).repeat_interleave(3)))
+    # sparse_all_reduce: each member sets column ME of row 0 and row ME + 1 of column 0
+    t = torch.sparse_coo_tensor(torch.tensor([[0, ME + 1], [ME, 0]]), torch.tensor([1.0, float(ME)]), (6, 6))
+    dist.all_reduce(t)
+    want = torch.zeros(6, 6)
+    for w in members:
+        want[0, w] += 1.0
+        want[w + 1, 0] += float(w)
+    return torch.equal(t.to_dense(), want)
 
 
 failures, correct = [], []

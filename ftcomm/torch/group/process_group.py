@@ -52,7 +52,7 @@ from .executor import EXECUTOR
 from .host_bytes import byte_view
 from .step_commit import StepCommit
 from .step_state import in_resilient_step, join_ready, note_recovery
-from .work import FtWork, completed_work, make_future
+from .work import FtWork, completed_work, joined_work, make_future
 
 BACKEND_NAME = "ftcomm"
 
@@ -591,9 +591,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if len(outputs) != len(inputs):
             raise ValueError(f"{name}: {len(outputs)} outputs for {len(inputs)} inputs")
         works = [single(o, i, opts) for o, i in zip(outputs, inputs)]  # queued in order
-        # One Work for them all: done when every pair's is, failed with the first pair's error.
-        joined = torch.futures.collect_all([w.get_future() for w in works])
-        return FtWork(joined.then(lambda fut: [f.value() for f in fut.value()] and outputs), name)
+        return joined_work(works, outputs, name)
 
     def reduce(self, tensors, opts=None) -> FtWork:
         """``dist.reduce``: the root's tensor (``opts.rootRank``) receives the reduction over

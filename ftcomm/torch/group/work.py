@@ -15,6 +15,7 @@ message; ``wait()`` itself waits on the source and raises the ftcomm exception w
 from __future__ import annotations
 
 import datetime
+import threading
 
 import torch
 import torch.distributed as dist
@@ -101,3 +102,31 @@ def completed_work(tensors, op_name: str) -> FtWork:
     fut = make_future()
     fut.set_result(list(tensors))
     return FtWork(fut, op_name)
+
+
+def joined_work(works: list[FtWork], outputs, op_name: str) -> FtWork:
+    """One Work for several queued ones (a coalesced call): complete with ``outputs`` when every
+    one is, or failed with the error of the first that failed, its type kept (``then`` and
+    ``collect_all`` would turn it into a RuntimeError)."""
+    if not works:
+        return completed_work(outputs, op_name)
+    joined = make_future()
+    sources = [w._source for w in works]
+    remaining = [len(sources)]
+    lock = threading.Lock()
+
+    def one_done(_future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        errors = [w.exception() for w in works]
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            joined.set_exception(failed)
+        else:
+            joined.set_result(list(outputs))
+
+    for source in sources:
+        source.add_done_callback(one_done)
+    return FtWork(joined, op_name)
