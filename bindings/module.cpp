@@ -215,7 +215,9 @@ PYBIND11_MODULE(_C, m) {
         "Changes the late-rank policy (read by each wait when its deadline passes)");
 
   // The lock every MPI call of the core holds (core/mpi_serial.h), for the Python code that calls
-  // mpi4py from a thread of its own. Taken without the GIL: its holder may be waiting for it.
+  // mpi4py from a thread of its own. Taken without the GIL: its holder may be waiting for it. The
+  // holder takes the GIL back while holding it, so no binding may wait for it holding the GIL:
+  // every binding that reaches an MPI call releases the GIL first.
   m.def("mpi_call_lock", [] {
         py::gil_scoped_release release;
         ftcomm::MpiCallMutex().lock();
@@ -232,7 +234,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("ft_enabled",
                              [](const PyCommunicator& c) { return c.core->ft_enabled(); })
       .def_property_readonly("is_revoked",
-                             [](const PyCommunicator& c) { return c.core->IsRevoked(); })
+                             [](const PyCommunicator& c) {
+                               py::gil_scoped_release release;  // takes the MPI-call lock
+                               return c.core->IsRevoked();
+                             })
       .def_property("last_committed_step",
                     [](const PyCommunicator& c) { return c.core->last_committed_step(); },
                     [](PyCommunicator& c, int64_t s) { c.core->set_last_committed_step(s); })
@@ -244,11 +249,24 @@ PYBIND11_MODULE(_C, m) {
              if (obj == nullptr) throw py::error_already_set();
              return py::reinterpret_steal<py::object>(obj);
            })
-      .def("revoke", [](PyCommunicator& c) { ThrowIfError(c.core->Revoke()); })
+      .def("revoke",
+           [](PyCommunicator& c) {
+             ftcomm::Status s;
+             {
+               py::gil_scoped_release release;  // takes the MPI-call lock
+               s = c.core->Revoke();
+             }
+             ThrowIfError(s);
+           })
       .def("failed_ranks",
            [](PyCommunicator& c) {
              std::vector<int> out;
-             ThrowIfError(c.core->FailedRanks(&out));
+             ftcomm::Status s;
+             {
+               py::gil_scoped_release release;  // takes the MPI-call lock
+               s = c.core->FailedRanks(&out);
+             }
+             ThrowIfError(s);
              return out;
            })
       .def("barrier",

@@ -402,3 +402,41 @@ def test_minmax_value_out_of_range_on_one_rank_raises_on_every_rank(comm, bad):
         comm.minmax(values, timeout=30)
     assert comm.minmax([r, -r, 2**63 - 1, -2**63 + 1], timeout=30) == (
         [0, -(n - 1), 2**63 - 1, -2**63 + 1], [n - 1, 0, 2**63 - 1, -2**63 + 1])
+
+
+def test_a_python_thread_holding_the_mpi_call_lock_does_not_deadlock_the_bindings(comm):
+    """A thread polls a request under ``serialized()`` (it takes the GIL back while holding the
+    lock) while this one reads is_revoked and failed_ranks (which take the lock): the bindings
+    release the GIL first, so both go on."""
+    import threading
+    import time
+
+    from mpi4py import MPI
+
+    from ftcomm.core.mpi_calls import serialized
+
+    mpi = comm.mpi_comm
+    with serialized():
+        request = mpi.Irecv(np.empty(1, np.int64), source=(comm.rank + 1) % comm.size, tag=4242)
+    stop, polls = threading.Event(), [0]
+
+    def poll():
+        while not stop.is_set():
+            with serialized():
+                request.Test()
+            polls[0] += 1
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    reads, end = 0, time.monotonic() + 1.0
+    while time.monotonic() < end:
+        assert comm.is_revoked is False and comm.failed_ranks() == []
+        reads += 1
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and reads > 100 and polls[0] > 100
+    with serialized():
+        request.Cancel()
+    status = MPI.Status()
+    request.Wait(status)
+    assert status.Is_cancelled()
