@@ -23,10 +23,11 @@ ChunkSums::ChunkSums(const char* name, int tag, int steps, const std::function<s
 
 Status ChunkSums::PostReceive(Communicator& comm, int t, int left) {
   if (expected_[t].empty()) return Status::Ok();
-  MpiSerial serial;  // the call alone: nothing here waits
   MPI_Request req;
-  int rc = MPI_Irecv(expected_[t].data(), static_cast<int>(expected_[t].size()), MPI_UINT32_T, left, tag_,
+  int rc = Serialized([&] {
+    return MPI_Irecv(expected_[t].data(), static_cast<int>(expected_[t].size()), MPI_UINT32_T, left, tag_,
                      comm.handle(), &req);
+  });
   if (rc != MPI_SUCCESS) return comm.Classify(rc, std::string(name_) + ": receive checksums");
   requests_.push_back(req);
   return Status::Ok();
@@ -34,10 +35,11 @@ Status ChunkSums::PostReceive(Communicator& comm, int t, int left) {
 
 Status ChunkSums::PostSend(Communicator& comm, int t, int right) {
   if (sent_[t].empty()) return Status::Ok();
-  MpiSerial serial;  // the call alone: nothing here waits
   MPI_Request req;
-  int rc = MPI_Isend(sent_[t].data(), static_cast<int>(sent_[t].size()), MPI_UINT32_T, right, tag_,
+  int rc = Serialized([&] {
+    return MPI_Isend(sent_[t].data(), static_cast<int>(sent_[t].size()), MPI_UINT32_T, right, tag_,
                      comm.handle(), &req);
+  });
   if (rc != MPI_SUCCESS) return comm.Classify(rc, std::string(name_) + ": send checksums");
   requests_.push_back(req);
   return Status::Ok();

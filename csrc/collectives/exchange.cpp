@@ -22,11 +22,10 @@ Status Post(Communicator& comm, const Transfer& t, int tag, bool is_send,
   do {
     const size_t n = std::min(kMaxMessage, t.bytes - done);
     MPI_Request req;
-    MpiSerial serial;
-    int rc = is_send ? MPI_Isend(t.data + done, static_cast<int>(n), MPI_BYTE, t.peer, tag,
-                                 comm.handle(), &req)
-                     : MPI_Irecv(t.data + done, static_cast<int>(n), MPI_BYTE, t.peer, tag,
-                                 comm.handle(), &req);
+    int rc = Serialized([&] {
+      return is_send ? MPI_Isend(t.data + done, static_cast<int>(n), MPI_BYTE, t.peer, tag, comm.handle(), &req)
+                     : MPI_Irecv(t.data + done, static_cast<int>(n), MPI_BYTE, t.peer, tag, comm.handle(), &req);
+    });
     if (rc != MPI_SUCCESS) return comm.Classify(rc, is_send ? "exchange: send" : "exchange: receive");
     requests->push_back(req);
     done += n;

@@ -338,8 +338,7 @@ Status Communicator::Agree(int* flag, double timeout_s, bool* saw_failure) {
     *saw_failure = true;
     failure_seen_ = true;
     value = contributed;  // agreed among the contributors; acknowledge and agree again
-    MpiSerial serial;
-    ulfm::AckFailed(comm_, size_);
+    Serialized([&] { return ulfm::AckFailed(comm_, size_); });
   }
   return Status::Error(StatusCode::kProcFailed, "agree: failures kept arriving");
 }
@@ -421,22 +420,16 @@ Status Communicator::WaitSignal(int tag, double timeout_s, int* value, int* sour
   for (;;) {
     int flag = 0;
     MPI_Status status;
-    int rc;
-    {
-      MpiSerial serial;
-      rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status);
-      // A probed message has arrived: its receive completes without waiting for anybody.
-      if (rc == MPI_SUCCESS && flag) {
-        rc = MPI_Recv(value, 1, MPI_INT, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE);
-      }
-    }
-    if (rc != MPI_SUCCESS && !flag) {
+    int rc = Serialized([&] { return MPI_Iprobe(MPI_ANY_SOURCE, tag, comm_, &flag, &status); });
+    if (rc != MPI_SUCCESS) {
       Status s = Classify(rc, "spare wait");
-      MpiSerial serial;
-      if (ft_enabled_) ulfm::AckFailed(comm_, size_);  // re-arms MPI_ANY_SOURCE receives for the next wait
+      // re-arms MPI_ANY_SOURCE receives for the next wait
+      if (ft_enabled_) Serialized([&] { return ulfm::AckFailed(comm_, size_); });
       return s;
     }
     if (flag) {
+      // The probed message has arrived: its receive completes without waiting for anybody.
+      rc = Serialized([&] { return MPI_Recv(value, 1, MPI_INT, status.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE); });
       if (rc != MPI_SUCCESS) return Classify(rc, "spare wait");
       *source = status.MPI_SOURCE;
       return Status::Ok();

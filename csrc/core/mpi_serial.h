@@ -8,7 +8,7 @@ namespace ftcomm {
 // drives MPI. With two threads running steps on two communicators, an agreement now and then
 // decided a value no rank had contributed (every rank the same garbage), and the step aborted as
 // if a deadline had passed. Seen here at 4 ranks in 6 of 60 runs of a 40-step two-thread test; in
-// 2 of about 20 with only the agreement calls serialized; in none of 80 with every call
+// 2 of about 20 with only the agreement calls serialized; in none of 160 with every call
 // serialized. So every MPI call ftcomm's core makes on a collective's path holds one process-wide
 // lock for the call itself. It is never held while waiting for peers (waits poll MPI_Test), so
 // threads whose collectives complete in different orders on different ranks cannot deadlock on
