@@ -6,8 +6,8 @@ SIGKILLed): Open MPI 5.0.x ends the whole job, ftcomm-run relaunches it on n1 al
 - Warm (the default): the relaunch resumes from n1's shared memory at step 13, the last applied
   one (n1 holds its own shards and, by node-aware buddies, the replicas of n2's; with a plain
   optimizer each of n1's ranks holds the whole model and optimizer state).
-- Cold (FTCOMM_WARM=0): from the newest complete disk checkpoint (step 12, or 8 or even 4 when
-  the writes after it were still running).
+- Cold (FTCOMM_WARM=0): from the newest complete disk checkpoint, step 12 (the job waits for
+  each write, so that one is complete before the crash).
 
 Either way its final parameters and optimizer state are bitwise those of a run stopped at that
 step (a checkpoint of it on disk) and restarted by hand at 2 ranks."""
@@ -73,8 +73,9 @@ def test_a_node_crash_ends_the_job_and_the_relaunch_resumes_from_the_nodes_memor
 
 
 def test_without_the_warm_tier_the_relaunch_resumes_from_disk(tmp_path):
-    res, step, resumed = _crash_and_relaunch(tmp_path, FTCOMM_WARM="0")
-    # the newest complete checkpoint: 12, or an earlier one when the writes behind it were still
-    # running at the crash (on a loaded machine even 8's can be)
-    assert step in (4, 8, 12), resumed
+    # --sync-writes: each step waits for the write in flight, so the checkpoint of step 12 is on
+    # disk and published before the crash at 14, whatever the machine's load (without it, on a
+    # loaded machine no write had completed by then and the relaunch rightly started over)
+    res, step, resumed = _crash_and_relaunch(tmp_path, "--sync-writes", FTCOMM_WARM="0")
+    assert step == 12 and f"resumed from {tmp_path / 'ckpt'}" in res.stderr, res.describe()
     _same_as_by_hand(tmp_path, step, res, resumed)
