@@ -160,7 +160,10 @@ def resolve_timeout(timeout) -> float:
     Raises:
         ValueError: ``timeout`` is not a positive number.
     """
-    value = default_timeout() if timeout is None else float(timeout)
+    try:
+        value = default_timeout() if timeout is None else float(timeout)
+    except (TypeError, ValueError):
+        value = float("nan")  # refused below, with the value named
     if not value > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     return value

@@ -3,8 +3,9 @@
 The recovery verbs follow the ULFM chapter of the MPI Forum draft (mpi-forum/mpi-issues#20):
 revoke (MPIX_Comm_revoke), shrink (MPIX_Comm_shrink), agree (MPIX_Comm_agree), failure ack
 (MPIX_Comm_ack_failed / MPIX_Comm_get_failed). They are called from the C++ core, never through
-mpi4py, whose fallbacks are not fault tolerant. Every blocking call has a deadline: the
-``timeout`` argument, else FTCOMM_TIMEOUT (default 600 s).
+mpi4py, whose fallbacks are not fault tolerant. Every blocking call has a deadline: the call's
+``timeout`` argument, else the communicator's (``Communicator(timeout=...)``, inherited by the
+communicators that shrink, recover and split make from it), else FTCOMM_TIMEOUT (default 600 s).
 """
 from __future__ import annotations
 
@@ -62,14 +63,20 @@ class Communicator:
     Args:
         comm: an ``mpi4py.MPI.Comm`` (intra-communicator); default ``MPI.COMM_WORLD``. It is
             duplicated, so ftcomm's traffic and error handler never touch the caller's.
-        timeout: deadline in seconds for the duplication (collective over ``comm``).
+        timeout: the default deadline, in seconds, of the duplication (collective over ``comm``)
+            and of every later blocking call on this communicator that names none (as torch's
+            ``init_process_group(timeout=...)``); the communicators made from this one by
+            shrink, recover and split inherit it. None: FTCOMM_TIMEOUT at each call.
 
     Raises:
+        ValueError: ``timeout`` is not a positive number.
         ProcFailedError: a rank died while the communicator was created.
         CollectiveTimeoutError: a rank did not join within ``timeout``.
     """
 
     def __init__(self, comm=None, *, timeout: float | None = None, _core=None):
+        # validated here, so that a bad value fails at construction and not at the first call
+        self.timeout: float | None = None if timeout is None else _timeout(timeout)
         if _core is None:
             from mpi4py import MPI
 
@@ -149,6 +156,11 @@ class Communicator:
             self.set_ledger(self._uncommitted_step)
         return self.last_committed_step
 
+    def _deadline(self, timeout) -> float:
+        """A call's deadline in seconds: its own ``timeout``, else this communicator's, else
+        FTCOMM_TIMEOUT."""
+        return _timeout(self.timeout if timeout is None else timeout)
+
     def __repr__(self) -> str:
         return f"<ftcomm.Communicator rank {self.rank} of {self.size}, last committed step {self.last_committed_step}>"
 
@@ -197,7 +209,7 @@ class Communicator:
         """
         if not p2p.is_index(flag, 2**31):
             raise InvalidInputError(f"agree: flag must be an int in [0, 2**31), not {flag!r}")
-        value, _saw_failure = self._core.agree(int(flag), _timeout(timeout))
+        value, _saw_failure = self._core.agree(int(flag), self._deadline(timeout))
         return value
 
     def barrier(self, timeout: float | None = None) -> None:
@@ -207,7 +219,7 @@ class Communicator:
             ProcFailedError, RevokedError: a rank failed or the communicator was revoked.
             CollectiveTimeoutError: not every rank arrived within ``timeout`` seconds.
         """
-        self._core.barrier(_timeout(timeout))
+        self._core.barrier(self._deadline(timeout))
 
     def shrink(self, timeout: float | None = None) -> "Communicator":
         """A new communicator over the live ranks, ranks consecutive and in the old order
@@ -219,7 +231,7 @@ class Communicator:
             UlfmUnavailableError: MPI runs without ULFM.
         """
         self._require_ft("shrink")
-        core, old_to_new = self._core.shrink(_timeout(timeout))
+        core, old_to_new = self._core.shrink(self._deadline(timeout))
         return self._adopt(core, old_to_new)
 
     def recover(self, timeout: float | None = None, policy: str | None = None) -> "Communicator":
@@ -249,7 +261,7 @@ class Communicator:
             raise InvalidInputError(f"recover: policy must be one of {recovery_policies()}, not {policy!r}")
         self._require_ft("recover")
         if policy != "shrink":
-            return _POLICIES[policy](self, _timeout(timeout))
+            return _POLICIES[policy](self, self._deadline(timeout))
         shrunk = self.shrink_to_survivors(timeout)
         shrunk.recovery = events.between(self, shrunk, policy="shrink")
         return shrunk
@@ -270,7 +282,7 @@ class Communicator:
         return self.shrink(timeout)
 
     def _adopt(self, core, old_to_new) -> "Communicator":
-        new = Communicator(_core=core)
+        new = Communicator(_core=core, timeout=self.timeout)
         new.old_to_new = list(old_to_new)
         runtime.record_lost(w for w, n in zip(self.world_ranks, old_to_new) if n < 0)
         return new
@@ -284,8 +296,8 @@ class Communicator:
         Raises:
             ProcFailedError, RevokedError: a rank failed during the split (local outcome).
         """
-        core = self._core.split(int(color), int(key), _timeout(timeout))
-        return None if core is None else Communicator(_core=core)
+        core = self._core.split(int(color), int(key), self._deadline(timeout))
+        return None if core is None else Communicator(_core=core, timeout=self.timeout)
 
     # -- signals (one int, point-to-point) --------------------------------------------------
     def signal(self, peer: int, tag: int, value: int, timeout: float | None = None) -> None:
@@ -296,7 +308,7 @@ class Communicator:
             ValueError: ``peer`` is not a rank of the communicator.
             ProcFailedError, RevokedError, CollectiveTimeoutError: as ``exchange`` (local).
         """
-        self._core.signal(int(peer), int(tag), int(value), _timeout(timeout))
+        self._core.signal(int(peer), int(tag), int(value), self._deadline(timeout))
 
     def wait_signal(self, tag: int, timeout: float | None = None) -> tuple[int, int]:
         """Waits for one ``signal`` with ``tag`` from any rank. ``timeout`` None waits without a
@@ -306,7 +318,7 @@ class Communicator:
             ProcFailedError, RevokedError: a failure was noticed or the communicator revoked.
             CollectiveTimeoutError: nothing arrived within ``timeout`` seconds.
         """
-        return self._core.wait_signal(int(tag), -1.0 if timeout is None else _timeout(timeout))
+        return self._core.wait_signal(int(tag), -1.0 if timeout is None else self._deadline(timeout))
 
     def minmax(self, values, timeout: float | None = None, kind: RoundKind = RoundKind.MIN_MAX
                ) -> tuple[list[int], list[int]]:
@@ -327,7 +339,7 @@ class Communicator:
         bad = next(((i, v) for i, v in enumerate(values) if not _is_int64_value(v)), None)
         ints = [0] * len(values) if bad is not None else [int(v) for v in values]
         try:
-            mins, maxs = _C.minmax(self._core, ints, _timeout(timeout), RoundKind(kind), bad is not None)
+            mins, maxs = _C.minmax(self._core, ints, self._deadline(timeout), RoundKind(kind), bad is not None)
         except InvalidInputError as error:
             if bad is None or isinstance(error, CollectiveMismatchError):
                 raise
@@ -413,7 +425,7 @@ class Communicator:
             problem, bufs.detail = InputProblem.BAD_CHUNK_BYTES, chunk_problem
         if problem == InputProblem.NONE and not commit and bufs.device is not None:
             problem = InputProblem.UNCOMMITTED_DEVICE  # the host path validates it, touching no buffer
-        args = (code or 0, int(step), _timeout(timeout), chunk, int(problem))
+        args = (code or 0, int(step), self._deadline(timeout), chunk, int(problem))
         guard = settings.checksums() if checksums is None else bool(checksums)
         compare = settings.fingerprints() if fingerprints is None else bool(fingerprints)
         try:
@@ -486,7 +498,7 @@ class Communicator:
             problem, detail = InputProblem.BAD_CHUNK_BYTES, chunk_problem
         if step is None:
             step = self.last_committed_step + 1
-        args = (code or 0, int(step), _timeout(timeout), chunk, int(problem))
+        args = (code or 0, int(step), self._deadline(timeout), chunk, int(problem))
         try:
             guard = settings.checksums() if checksums is None else bool(checksums)
             _, validate_s, ring_s, agree_s = self._core.reduce_scatter(in_triple, out_triple, *args, guard)
@@ -538,7 +550,7 @@ class Communicator:
                 raise InvalidInputError(f"exchange: peer {p!r} is not a rank of the communicator (0..{self.size - 1})")
         send_list = [(int(p), *raw_buffer(b, writable=False)) for p, b in sends]
         recv_list = [(int(p), *raw_buffer(b, writable=True)) for p, b in recvs]
-        _C.exchange(self._core, send_list, recv_list, int(tag), _timeout(timeout))
+        _C.exchange(self._core, send_list, recv_list, int(tag), self._deadline(timeout))
 
     def allgather(self, sendbuf, recvbuf, timeout: float | None = None) -> None:
         """Ring allgather: ``recvbuf`` (``size * len(sendbuf)`` elements, same dtype, contiguous)

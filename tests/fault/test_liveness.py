@@ -127,6 +127,19 @@ def test_late_rank_is_only_named_under_the_raise_policy():
 
 
 @pytest.mark.timeout(120)
+def test_the_communicators_own_timeout_bounds_its_calls():
+    """``Communicator(timeout=4)`` with FTCOMM_TIMEOUT at its default (600 s): the ranks that
+    wait for a late rank raise CollectiveTimeoutError within 4 + 2 s."""
+    env = {"COMM_TIMEOUT": "4", "FTCOMM_LATE_RANK": "raise", "FTCOMM_TIMEOUT": "600"}
+    res = run_job(JOBS / "liveness_cases.py", N, "late", 1, 3, 8.0, env=env, timeout=90)
+    waiting = {w: e for w, e in errors(res).items() if w != 1}
+    assert sorted(waiting) == [0, 2, 3], res.describe()
+    for err in waiting.values():
+        assert err["type"] == "CollectiveTimeoutError" and err["step"] == 3, err
+        assert err["seconds"] <= 4 + 2, err
+
+
+@pytest.mark.timeout(120)
 def test_forgotten_collective_names_the_missing_rank():
     """Rank 3 skips one allreduce, so the others call one more than it does and wait at the end
     while it has left: every waiting rank raises CollectiveTimeoutError within timeout + 2 s,

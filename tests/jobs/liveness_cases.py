@@ -8,7 +8,8 @@ world ranks and how long the call took (seconds). Usage:
 CASE: ``busy`` (RANK computes pure Python for SECONDS before STEP: slow, not dead), ``stop``
 (RANK SIGSTOPs itself before STEP), ``skip`` (RANK skips the allreduce of STEP: a forgotten
 collective), ``late`` (RANK sleeps SECONDS before STEP, past the timeout). The allreduce timeout
-is FTCOMM_TIMEOUT. After a failure the survivors recover and redo the step.
+is FTCOMM_TIMEOUT, or COMM_TIMEOUT when set (the communicator's own: ``Communicator(timeout=)``).
+After a failure the survivors recover and redo the step.
 """
 import os
 import signal
@@ -24,7 +25,7 @@ case, culprit, at_step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 steps = int(os.environ.get("LIVENESS_STEPS", "5"))
 
-comm = ftcomm.Communicator()
+comm = ftcomm.Communicator(timeout=float(os.environ["COMM_TIMEOUT"]) if "COMM_TIMEOUT" in os.environ else None)
 me = comm.world_rank
 iteration = 0
 while iteration < steps:

@@ -79,6 +79,18 @@ def test_agree_and_barrier_without_ulfm(comm):
         comm.agree(-1)
 
 
+def test_the_communicators_timeout_is_the_default_deadline_and_is_inherited(monkeypatch):
+    monkeypatch.setenv("FTCOMM_TIMEOUT", "77")
+    own = ftcomm.Communicator(timeout=3)
+    assert own.timeout == 3.0 and own._deadline(None) == 3.0 and own._deadline(0.5) == 0.5
+    assert own.split(0, 0).timeout == 3.0
+    plain = ftcomm.Communicator()
+    assert plain.timeout is None and plain._deadline(None) == 77.0  # FTCOMM_TIMEOUT, read at the call
+    for bad in (0, -1.0, "soon"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            ftcomm.Communicator(timeout=bad)
+
+
 def test_errors_carry_step_and_failed_ranks():
     from ftcomm.core.codes import StatusCode, exception_from_status
 
