@@ -110,19 +110,25 @@ def test_late_rank_is_fenced_by_default_and_named():
     assert all(got[(w, STEPS - 1)]["sum"] == expected_sum(STEPS - 1, (0, 2, 3)) for w in (0, 2, 3))
 
 
-@pytest.mark.timeout(120)
-def test_late_rank_is_only_named_under_the_raise_policy():
-    """FTCOMM_LATE_RANK=raise: nobody is fenced; the ranks that waited raise
-    CollectiveTimeoutError naming the late rank, within timeout + 2 s."""
-    env = {"FTCOMM_TIMEOUT": "4", "FTCOMM_LATE_RANK": "raise"}
+def _rank_1_late_at_step_3(env: dict):
+    """Rank 1 sleeps 8 s before step 3 under a 4 s timeout (``env`` says whose): ranks 0, 2 and 3
+    raise CollectiveTimeoutError at step 3 within 4 + 2 s. Returns (the job, their errors)."""
     res = run_job(JOBS / "liveness_cases.py", N, "late", 1, 3, 8.0, env=env, timeout=90)
-    assert "fencing" not in res.stderr, res.describe()
-    errs = errors(res)
-    waiting = {w: e for w, e in errs.items() if w != 1}
+    waiting = {w: e for w, e in errors(res).items() if w != 1}
     assert sorted(waiting) == [0, 2, 3], res.describe()
     for err in waiting.values():
         assert err["type"] == "CollectiveTimeoutError" and err["step"] == 3, err
         assert err["seconds"] <= 4 + 2, err
+    return res, waiting
+
+
+@pytest.mark.timeout(120)
+def test_late_rank_is_only_named_under_the_raise_policy():
+    """FTCOMM_LATE_RANK=raise: nobody is fenced; the ranks that waited raise
+    CollectiveTimeoutError naming the late rank, within timeout + 2 s."""
+    res, waiting = _rank_1_late_at_step_3({"FTCOMM_TIMEOUT": "4", "FTCOMM_LATE_RANK": "raise"})
+    assert "fencing" not in res.stderr, res.describe()
+    for err in waiting.values():
         assert "world rank 1" in err["message"] and "(late)" in err["message"], err
 
 
@@ -130,13 +136,7 @@ def test_late_rank_is_only_named_under_the_raise_policy():
 def test_the_communicators_own_timeout_bounds_its_calls():
     """``Communicator(timeout=4)`` with FTCOMM_TIMEOUT at its default (600 s): the ranks that
     wait for a late rank raise CollectiveTimeoutError within 4 + 2 s."""
-    env = {"COMM_TIMEOUT": "4", "FTCOMM_LATE_RANK": "raise", "FTCOMM_TIMEOUT": "600"}
-    res = run_job(JOBS / "liveness_cases.py", N, "late", 1, 3, 8.0, env=env, timeout=90)
-    waiting = {w: e for w, e in errors(res).items() if w != 1}
-    assert sorted(waiting) == [0, 2, 3], res.describe()
-    for err in waiting.values():
-        assert err["type"] == "CollectiveTimeoutError" and err["step"] == 3, err
-        assert err["seconds"] <= 4 + 2, err
+    _rank_1_late_at_step_3({"COMM_TIMEOUT": "4", "FTCOMM_LATE_RANK": "raise", "FTCOMM_TIMEOUT": "600"})
 
 
 @pytest.mark.timeout(120)
