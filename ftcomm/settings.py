@@ -115,8 +115,9 @@ FINGERPRINTS = _define("FTCOMM_FINGERPRINTS", False, _flag,
                        "compare a fingerprint of every rank's allreduce result before the commit (silent data corruption)")
 STEP_COMMIT = _define("FTCOMM_STEP_COMMIT", True, _flag,
                       "commit a resilient step's gradient allreduces (those of backward) with one agreement before the optimizer step")
-DATA_PLANE = _define("FTCOMM_DATA_PLANE", "ring", _word(("ring", "gloo")),
-                     "what moves a resilient step's gradient buckets (CPU tensors): ftcomm's ring, or an inner gloo group")
+DATA_PLANE = _define("FTCOMM_DATA_PLANE", "ring", _word(("ring", "gloo", "nccl")),
+                     "what moves a resilient step's gradient buckets: ftcomm's ring, an inner gloo group, "
+                     "or an inner NCCL group (CUDA tensors)")
 RUN_DIR = _define("FTCOMM_RUN_DIR", None, str, "ftcomm-run's run directory (liveness table, exit reports)")
 FAULT = _define("FTCOMM_FAULT", "", str, "fault injection specs (ftcomm.fault)")
 NODE = _define("FTCOMM_NODE", None, str, "this rank's node name, for node-aware buddy placement")
@@ -241,10 +242,11 @@ def step_commit() -> bool:
 
 def data_plane() -> str:
     """FTCOMM_DATA_PLANE: what moves the gradient buckets that a resilient step's backward
-    allreduces uncommitted (host tensors; ``FTCOMM_STEP_COMMIT``): "ring" (default, ftcomm's ring
-    over the communicator) or "gloo" (an inner torch gloo group over the same ranks, rebuilt after
-    each recovery; the step's one agreement over the communicator commits them). Must be the same
-    on every rank."""
+    allreduces uncommitted (``FTCOMM_STEP_COMMIT``): "ring" (default, ftcomm's ring over the
+    communicator; CUDA tensors staged through host memory), "gloo" (an inner torch gloo group over
+    the same ranks, rebuilt after each recovery, host and CUDA tensors) or "nccl" (an inner torch
+    NCCL group for CUDA tensors, host tensors on the ring; the ring where NCCL cannot run). The
+    step's one agreement over the communicator commits them. Must be the same on every rank."""
     return DATA_PLANE.get()
 
 

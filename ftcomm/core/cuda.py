@@ -56,23 +56,54 @@ def cuda_status() -> str:
 
 
 def data_plane_status(cuda: bool | None = None) -> str:
-    """Which data plane the torch backend's collectives take, and why, in words: CUDA tensors
-    (when ``cuda``, default ``cuda_available()``) are staged through page-locked host memory, since
-    Open MPI's fault-tolerant transports take no device memory; a resilient step's gradient buckets
-    then go through FTCOMM_DATA_PLANE's plane (ftcomm's ring, or an inner gloo group; the ring
-    while the corruption guard is on), and so does ZeRO's parameter allgather; everything else
-    through ftcomm's ring. NCCL is not a data plane of this version (docs/GPU.md)."""
-    gloo = settings.data_plane() == "gloo"
-    plane = "an inner gloo group (FTCOMM_DATA_PLANE=gloo)" if gloo else "ftcomm's ring (FTCOMM_DATA_PLANE=ring)"
-    buckets = plane
-    if gloo and (settings.checksums() or settings.fingerprints()):
-        buckets = ("ftcomm's ring, not the gloo plane: the corruption guard (FTCOMM_CHECKSUMS, "
-                   "FTCOMM_FINGERPRINTS) needs the ring's own agreements")
-    staged = "CUDA tensors are staged through page-locked host memory; " if (
-        cuda_available() if cuda is None else cuda) else ""
-    return (f"data plane: {staged}a resilient step's gradient buckets go through {buckets}; ZeRO's parameter "
-            f"allgather through {plane}; other collectives through ftcomm's ring; NCCL is not a data plane of "
-            "this version")
+    """Which data plane the torch backend's collectives take, and why, in words
+    (``FTCOMM_DATA_PLANE``, docs/GPU.md): a resilient step's gradient buckets go through ftcomm's
+    ring, an inner gloo group, or (CUDA tensors) an inner NCCL group where torch has NCCL and a
+    device; the ring whenever the corruption guard is on. Every other collective goes through
+    ftcomm's ring, CUDA tensors staged through page-locked host memory (Open MPI's fault-tolerant
+    transports take no device memory). The CUDA part is said when ``cuda`` (default
+    ``cuda_available()``) or under "nccl"."""
+    name = settings.data_plane()
+    setting = f"FTCOMM_DATA_PLANE={name}"
+    host_plane = "an inner gloo group" if name == "gloo" else "ftcomm's ring"
+    if settings.checksums() or settings.fingerprints():
+        buckets = (f"gradient buckets go through ftcomm's ring, not the {setting} plane: the corruption guard "
+                   "(FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS) needs the ring's own agreements")
+        device_plane = None
+    else:
+        device_plane = {"ring": "are staged through page-locked host memory to ftcomm's ring",
+                        "gloo": "go through the inner gloo group as they are (gloo copies them through host memory)",
+                        "nccl": _nccl_words()}[name]
+        buckets = f"gradient buckets on host tensors go through {host_plane} ({setting})"
+    parts = [f"data plane: a resilient step's {buckets}"]
+    if device_plane and ((cuda_available() if cuda is None else cuda) or name == "nccl"):
+        parts.append(f"on CUDA tensors they {device_plane}")
+    parts.append(f"ZeRO's parameter allgather goes through {host_plane}")
+    parts.append("other collectives go through ftcomm's ring (CUDA tensors staged through page-locked host memory)")
+    return "; ".join(parts)
+
+
+def _nccl_words() -> str:
+    """Where CUDA buckets go under FTCOMM_DATA_PLANE=nccl, and why."""
+    problem = torch_nccl_problem()
+    if problem:
+        return f"are staged through page-locked host memory to ftcomm's ring: {problem}"
+    return "go through an inner NCCL group, in device memory"
+
+
+def torch_nccl_problem() -> str | None:
+    """Why the torch backend cannot use an inner NCCL group in this process, in words; None when
+    it can (torch has NCCL and sees a CUDA device)."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return "torch is not installed"
+    if not dist.is_available() or not dist.is_nccl_available():
+        return f"this torch ({torch.__version__}) is built without NCCL"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
 
 
 def cuda_aware_mpi() -> bool | None:

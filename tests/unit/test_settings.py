@@ -39,16 +39,29 @@ def test_raise_policy(monkeypatch):
     assert settings.late_rank_fence() is False
 
 
-@pytest.mark.parametrize("plane, named", [("ring", "ftcomm's ring (FTCOMM_DATA_PLANE=ring)"),
-                                          ("gloo", "an inner gloo group (FTCOMM_DATA_PLANE=gloo)")])
-def test_cuda_status_names_the_data_plane_and_why(monkeypatch, plane, named):
+@pytest.mark.parametrize("plane, named, on_cuda", [
+    ("ring", "ftcomm's ring (FTCOMM_DATA_PLANE=ring)", "are staged through page-locked host memory to ftcomm's ring"),
+    ("gloo", "an inner gloo group (FTCOMM_DATA_PLANE=gloo)", "go through the inner gloo group as they are"),
+    ("nccl", "ftcomm's ring (FTCOMM_DATA_PLANE=nccl)", None)])
+def test_cuda_status_names_the_data_plane_and_why(monkeypatch, plane, named, on_cuda):
+    import torch.distributed as dist
+
     from ftcomm.core import cuda
 
     monkeypatch.setenv("FTCOMM_DATA_PLANE", plane)
-    assert f"gradient buckets go through {named}" in cuda.cuda_status()
-    assert "NCCL is not a data plane" in cuda.cuda_status()
-    assert cuda.data_plane_status(cuda=True).startswith("data plane: CUDA tensors are staged through page-locked")
-    assert "staged" not in cuda.data_plane_status(cuda=False)
+    assert f"gradient buckets on host tensors go through {named}" in cuda.cuda_status()
+    with_cuda = cuda.data_plane_status(cuda=True)
+    if on_cuda is None:  # nccl: NCCL where torch has it and a device, else the ring, and why
+        import torch
+
+        usable = dist.is_nccl_available() and torch.cuda.is_available()
+        on_cuda = ("go through an inner NCCL group, in device memory" if usable else
+                   "are staged through page-locked host memory to ftcomm's ring: ")
+        assert f"on CUDA tensors they {on_cuda}" in cuda.data_plane_status(cuda=False)
+    else:
+        assert "on CUDA tensors" not in cuda.data_plane_status(cuda=False)
+    assert f"on CUDA tensors they {on_cuda}" in with_cuda
+    assert "other collectives go through ftcomm's ring (CUDA tensors staged" in with_cuda
 
 
 @pytest.mark.parametrize("guard", ["FTCOMM_CHECKSUMS", "FTCOMM_FINGERPRINTS"])
@@ -58,5 +71,6 @@ def test_cuda_status_says_the_corruption_guard_keeps_the_buckets_on_the_ring(mon
     monkeypatch.setenv("FTCOMM_DATA_PLANE", "gloo")
     monkeypatch.setenv(guard, "1")
     status = cuda.data_plane_status(cuda=False)
-    assert "gradient buckets go through ftcomm's ring, not the gloo plane: the corruption guard" in status
-    assert "ZeRO's parameter allgather through an inner gloo group" in status
+    assert "gradient buckets go through ftcomm's ring, not the FTCOMM_DATA_PLANE=gloo plane: the corruption guard" in status
+    assert "ZeRO's parameter allgather goes through an inner gloo group" in status
+    assert "on CUDA tensors" not in status

@@ -5,12 +5,18 @@ agrees on the step's outcome (``step_commit.py``) and rebuilds the membership. T
 moves the uncommitted buckets between one agreement and the next, so any transport will do that
 fails (or is made to fail) when a peer dies:
 
-- ``RingPlane``: ftcomm's own ring over the communicator (``Communicator.allreduce(commit=False)``),
+- ``RingPlane`` (``ring_plane.py``): ftcomm's own ring over the communicator (``Communicator.allreduce(commit=False)``),
   the default;
 - ``GlooPlane`` (``gloo_plane.py``): an inner torch gloo group over the same ranks, made anew
-  after each recovery.
+  after each recovery; host tensors, and CUDA tensors as they are;
+- ``NcclPlane`` (``nccl_plane.py``): an inner torch NCCL group for CUDA tensors, host tensors on
+  the ring.
 
-A plane is one object per process group with three calls:
+The inner groups share their rendezvous, their watching of a collective and their abort
+(``inner_group.py``). A plane is one object per process group with four calls:
+
+- ``takes(tensors)``: whether it moves these tensors as they are (else the process group stages
+  device tensors through host memory and commits each collective on its own);
 
 - ``allreduce(comm, tensors, op, timeout)``: reduce the host tensors in place over ``comm``'s
   ranks, uncommitted, and return the step id the failure or success is reported at;
@@ -24,27 +30,21 @@ nothing else is promised about the buffers then.
 from __future__ import annotations
 
 from ... import settings
-
-
-class RingPlane:
-    """ftcomm's ring: the communicator's uncommitted allreduce (no undo log, no agreement)."""
-
-    name = "ring"
-
-    def allreduce(self, comm, tensors, op: str, timeout) -> int:
-        return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
-
-    def allgather(self, comm, src, dst, timeout) -> None:
-        comm.allgather(src, dst, timeout=timeout)
-
-    def abort(self) -> None:
-        """Nothing: the caller revokes the communicator, which ends the ring's waits."""
+from ...core.cuda import torch_nccl_problem
+from .ring_plane import RingPlane
 
 
 def for_setting():
-    """The data plane that ``FTCOMM_DATA_PLANE`` names: "ring" or "gloo"."""
-    if settings.data_plane() == "gloo":
+    """The data plane that ``FTCOMM_DATA_PLANE`` names: "ring", "gloo" or "nccl" (the ring where
+    NCCL cannot run: ``ftcomm.cuda_status()`` says why)."""
+    name = settings.data_plane()
+    if name == "gloo":
         from .gloo_plane import GlooPlane
 
         return GlooPlane()
+    if name == "nccl":
+        from .nccl_plane import NcclPlane
+
+        if torch_nccl_problem() is None:
+            return NcclPlane()
     return RingPlane()

@@ -135,14 +135,20 @@ class Staging:
         outputs: tensors it writes whole (their values before it are not needed).
         inout: tensors it reads and writes in place (allreduce, broadcast).
 
-    ``host(t)`` is the tensor the collective works on: ``t`` itself for a host tensor, a host copy
-    for a device tensor. Made on the calling thread (it records the ready marker there).
+        copy: False when the collective takes the device tensors as they are (a data plane that
+            moves device memory, ``data_plane.py``): only the order (rule 1) and the completion
+            (rule 3) remain; the results are written in place whether or not it succeeds.
+
+    ``host(t)`` is the tensor the collective works on: ``t`` itself for a host tensor (and for
+    every tensor without ``copy``), a host copy for a device tensor. Made on the calling thread (it
+    records the ready marker there).
     """
 
-    def __init__(self, inputs=(), outputs=(), inout=()):
+    def __init__(self, inputs=(), outputs=(), inout=(), copy: bool = True):
         self._inputs, self._outputs, self._inout = list(inputs), list(outputs), list(inout)
         every = self._inputs + self._outputs + self._inout
         self.on_device = any(ops.is_device(t) for t in every)
+        self._copy = copy
         self._marker = ops.ready_marker(every) if self.on_device else None
         self._host: dict[int, torch.Tensor] = {}
         self._devices = ops.future_devices(every) if self.on_device else []
@@ -157,6 +163,8 @@ class Staging:
         if not self.on_device:
             return
         ops.wait(self._marker)
+        if not self._copy:
+            return
         for t in self._inputs + self._inout:
             if ops.is_device(t):
                 self._host[id(t)] = ops.to_host(t, copy=True)
@@ -169,5 +177,5 @@ class Staging:
 
     def copy_back(self) -> None:
         """After the collective succeeded: the results into the device tensors, synchronised."""
-        if self.on_device:
+        if self.on_device and self._copy:
             ops.copy_back([(self._host[id(t)], t) for t in self._outputs + self._inout if ops.is_device(t)])

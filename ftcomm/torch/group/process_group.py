@@ -172,7 +172,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     @property
     def data_plane(self):
         """What moves a resilient step's uncommitted buckets and ZeRO's parameter allgather
-        (``data_plane.py``: the ring, or an inner gloo group under FTCOMM_DATA_PLANE=gloo)."""
+        (``data_plane.py``: the ring, or an inner gloo or NCCL group under FTCOMM_DATA_PLANE)."""
         return self._plane
 
     def getRank(self) -> int:  # noqa: N802 (C++ virtual name)
@@ -388,17 +388,19 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if any(t.layout == torch.sparse_coo for t in tensors):
             return self._allreduce_sparse(name, tensors, op)
         _check_devices(tensors, name)
+        if StepCommit.applies(self.comm, tensors, self._plane):  # backward's buckets: one agreement per step
+            # The plane moves them as they are, uncommitted, device tensors included (in their
+            # streams' order); the step's agreement commits them (step_commit.py).
+            def uncommitted(comm):
+                return self._plane.allreduce(comm, tensors, op, self._timeout)
+
+            return self._submit(name, tensors, lambda comm: self._step_commit.run(comm, name, uncommitted),
+                                uniform=True, staging=Staging(inout=tensors, copy=False))
         staging = Staging(inout=tensors)
 
         def fn(comm):
             return comm.allreduce([staging.host(t) for t in tensors], op=op, timeout=self._timeout)
 
-        def uncommitted(comm):  # through the data plane (data_plane.py); the step's agreement commits
-            return self._plane.allreduce(comm, [staging.host(t) for t in tensors], op, self._timeout)
-
-        if StepCommit.applies(self.comm, tensors):  # backward's buckets: one agreement per step (step_commit.py)
-            return self._submit(name, tensors, lambda comm: self._step_commit.run(comm, name, uncommitted),
-                                uniform=True, staging=staging)
         return self._submit(name, tensors, fn, uniform=True, staging=staging)
 
     def _allreduce_sparse(self, name: str, tensors, op: str) -> FtWork:

@@ -48,17 +48,18 @@ class StepCommit:
         self.step = None    # what a recovery is reported at, the same on every rank
 
     @staticmethod
-    def applies(comm, tensors) -> bool:
+    def applies(comm, tensors, plane) -> bool:
         """Whether a collective on ``tensors`` is to run uncommitted now: issued from inside a
         backward pass (DDP's gradient buckets; a user's allreduce of the loss, issued outside
         backward, commits on its own, so that its value is the same on every rank even in a voided
-        step) of a resilient step before its optimizer step, host tensors only, on a ULFM
-        communicator, with the guard off. The same on every rank (the settings must be; the rest
-        is the training loop's)."""
+        step) of a resilient step before its optimizer step, on tensors that the data ``plane``
+        moves as they are (device tensors it does not take are staged, and commit on their own),
+        on a ULFM communicator, with the guard off. The same on every rank (the settings must be;
+        the rest is the training loop's)."""
         return (comm.ft_enabled and torch._C._current_graph_task_id() >= 0 and in_gradient_phase()
                 and settings.step_commit()
                 and not settings.checksums() and not settings.fingerprints()
-                and all(t.device.type == "cpu" for t in tensors))
+                and plane.takes(tensors))
 
     def run(self, comm, name: str, fn) -> None:
         """Runs ``fn(comm)`` (the collective ``name``, an allreduce with ``commit=False`` that returns

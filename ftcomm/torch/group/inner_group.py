@@ -1,0 +1,257 @@
+"""An inner torch process group as a data plane: what the gloo and NCCL planes share.
+
+The inner group spans the ranks of the ftcomm communicator it was made for, in the same order, and
+is made anew for each new communicator (after every recovery). Its rendezvous store is a fresh
+``TCPStore`` that the communicator's rank 0 serves on a free port; the address reaches the other
+ranks by a broadcast over the communicator, so a group can be made again whoever died (rank 0
+included), with no fixed master, and no key of an old group can be mistaken for a new one's.
+
+The control plane, not the transport, decides when a collective has failed. The calling thread
+starts the collective and watches it until it ends (``_watch``), and gives up on it when
+
+- the transport failed it (gloo: a peer's connection closed; NCCL: an error reported by NCCL);
+- a peer on this host that was alive when the group was made has exited or was fenced (ftcomm-run's
+  liveness table: NCCL between processes of one host does not notice a dead peer);
+- a peer has been silent past ``FTCOMM_FENCE_TIMEOUT``: it is stopped, and is fenced (SIGKILL);
+- another member gave up on the group: it wrote the store's abort key, or its rank 0 (the store's
+  server) is gone;
+- this rank's ``abort()`` was called, from any thread;
+- the deadline passed.
+
+Giving up writes the abort key, so that every member gives up on the group too: torch's rule that
+once one rank aborts a communicator every rank must abort it. The group is then aborted on this
+rank (``_abort_group``) and dropped, and the failure is raised as ``ProcFailedError``; the step's
+agreement over the communicator voids the step on every rank, the communicator recovers, and the
+next collective makes a new inner group.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import torch.distributed as dist
+
+from ...core import fault, liveness
+from ...errors import FtError, ProcFailedError
+
+_ADDRESS_BYTES = 512
+# "avg" is a sum, divided by the size afterwards (gloo has no AVG).
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+              "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
+_ABORT_KEY = "ftcomm/aborted"
+_LOOK_EVERY = 0.1      # seconds between two looks at the liveness table and the store while waiting
+_STORE_ANSWER = 5.0    # seconds the store may take to answer a look; past it, rank 0 counts as gone
+
+
+class InnerGroupPlane:
+    """A data plane that moves tensors through an inner torch process group (see the module).
+
+    Subclasses say how to make the group (``_make_group``), which tensors it takes as they are
+    (``takes``), how to start its collectives and wait a little for them (``_start_allreduce``,
+    ``_ended_within``), and how to abort it (``_abort_group``).
+
+    Attributes:
+        groups_made: inner groups made so far (1 + the recoveries that needed one).
+        completed: collectives that completed here, by name ("allreduce", "allgather").
+    """
+
+    name = "inner"
+    first_pause = 20e-6   # seconds of the first wait for a collective, doubled up to longest_pause,
+    longest_pause = 5e-3  # between two looks at the clock
+
+    def __init__(self):
+        self._lock = threading.Lock()  # the group's state: abort() may come from another thread
+        self._comm = None
+        self._group = None
+        self._store = None  # rank 0's TCPStore serves the rendezvous and the abort key
+        self._local_peers: list[int] = []  # world ranks alive on this host when the group was made
+        self._aborted = threading.Event()  # abort() was called on this rank for the current group
+        self.groups_made = 0
+        self.completed: collections.Counter = collections.Counter()
+
+    # -- what the process group calls (data_plane.py) ------------------------------------------
+    def takes(self, tensors) -> bool:
+        """Whether this plane moves ``tensors`` as they are, with no copy (else the caller stages
+        them, or uses ftcomm's ring)."""
+        raise NotImplementedError
+
+    def allreduce(self, comm, tensors, op: str, timeout) -> int:
+        """Reduces ``tensors`` in place over ``comm``'s ranks (several: as one bucket, each reduced on
+        its own), uncommitted. Returns the step id it is recorded under
+        (``Communicator.reserve_uncommitted_step``).
+
+        Raises:
+            ProcFailedError: the inner group could not be made or its collective failed (see the
+                module); the inner group is aborted on every rank.
+            FtError: the communicator failed while the group was being made.
+        """
+        step = comm.reserve_uncommitted_step()
+        self._collective(comm, timeout, step, "allreduce",
+                         lambda group: self._start_allreduce(group, tensors, op, timeout), point="data_plane",
+                         device=tensors[0].device if tensors else None)
+        if op == "avg":
+            for t in tensors:
+                t.div_(comm.size)
+        return step
+
+    def abort(self) -> None:
+        """Ends this rank's part in the inner group after a local error (any thread): the other
+        members give up on it now instead of at the deadline."""
+        self._aborted.set()
+        with self._lock:
+            self._abort_locked()
+
+    def close(self) -> None:
+        """Drops the inner group without a failure (the communicator changed)."""
+        with self._lock:
+            self._drop_locked()
+
+    # -- for subclasses --------------------------------------------------------------------------
+    def _make_group(self, store, rank: int, size: int, timeout: float, device):
+        """The inner group over ``store``; ``device``: the torch device of the first collective's
+        tensors (the communication thread's current device is not the caller's)."""
+        raise NotImplementedError
+
+    def _start_allreduce(self, group, tensors, op: str, timeout) -> list:
+        """Starts the allreduce of ``tensors`` on ``group``; returns its works."""
+        raise NotImplementedError
+
+    def _ended_within(self, work, seconds: float) -> bool:
+        """Whether ``work`` ended (well or not), waiting at most ``seconds``."""
+        raise NotImplementedError
+
+    def _abort_group(self, group) -> None:
+        """Ends this rank's side of ``group`` so that nothing of it waits any more."""
+        raise NotImplementedError
+
+    # -- machinery -------------------------------------------------------------------------------
+    def _collective(self, comm, timeout, step: int, name: str, start, point: str | None = None,
+                    device=None) -> None:
+        """Runs ``start(group)``'s collective on the inner group for ``comm`` and watches it; on
+        failure aborts the group and raises ``ProcFailedError`` at ``step``."""
+        group = self._group_for(comm, timeout, device)
+        if point:
+            fault.point(point, comm.world_rank, step)
+        failure = self._run(group, start, comm, float(timeout))
+        if failure is not None:
+            # Nothing may keep the group alive (not even a traceback's frame): its connections
+            # close now, and the members still waiting on this rank in it fail too.
+            group = None  # noqa: F841
+            self.abort()
+            raise ProcFailedError(f"{self.name} data plane: {name} failed on world rank {comm.world_rank}: "
+                                  f"{failure}", step=step)
+        self.completed[name] += 1
+
+    def _run(self, group, start, comm, deadline_s: float) -> str | None:
+        """Starts the collective and watches it (see the module). None when it succeeded, else why
+        not, in words (a string: an exception would keep this frame, and with it the group, alive)."""
+        fence_after = liveness.fence_timeout()
+        peers = [w for w in comm.world_ranks if w != comm.world_rank]
+        try:
+            works = start(group)
+            started = time.monotonic()
+            next_look = started + _LOOK_EVERY
+            pause = self.first_pause
+            for work in works:
+                while not self._ended_within(work, pause):
+                    pause = min(2 * pause, self.longest_pause)
+                    if self._aborted.is_set():
+                        return "this rank aborted the group"
+                    now = time.monotonic()
+                    if now - started >= deadline_s:
+                        return f"timeout after {deadline_s:g} s"
+                    if now >= next_look:
+                        why = self._look_around(peers, fence_after if now - started >= fence_after else None)
+                        if why:
+                            return why
+                        next_look = now + _LOOK_EVERY
+                work.wait()  # its error, if it failed
+        except RuntimeError as error:
+            return str(error)
+        return None
+
+    def _look_around(self, peers, fence_after: float | None) -> str | None:
+        """Why the collective cannot end any more, or None: a local peer gone, another member's
+        abort. Past ``fence_after`` seconds, fences the peers on this host silent that long."""
+        if fence_after is not None:
+            liveness.fence_silent(peers, fence_after)
+        gone = [w for w in self._local_peers if liveness.finished(w)]
+        if gone:
+            return f"world rank(s) {gone} on this host exited or were fenced"
+        store = self._store
+        try:
+            if store is not None and store.check([_ABORT_KEY]):
+                return "another member aborted the group"
+        except RuntimeError as error:  # its rank 0 (the store's server) is gone or stopped
+            return f"the group's store does not answer: {error}"
+        return None
+
+    def _group_for(self, comm, timeout, device):
+        with self._lock:
+            if self._comm is comm and self._group is not None:
+                return self._group
+            self._drop_locked()
+            self._aborted.clear()
+        try:
+            store = _rendezvous_store(comm, timeout)
+            # Alive on this host now: the peers whose exit this rank will see (liveness.finished is
+            # also true for peers on other hosts, which the transport or the store must report).
+            local_peers = [w for w in comm.world_ranks if w != comm.world_rank and not liveness.finished(w)]
+            group = self._make_group(store, comm.rank, comm.size, float(timeout), device)
+            store.set_timeout(datetime.timedelta(seconds=_STORE_ANSWER))  # looks must not block long
+        except FtError:
+            raise
+        except RuntimeError as error:  # a peer died between the broadcast and the rendezvous
+            raise ProcFailedError(f"{self.name} data plane: no inner group over {comm.size} ranks: {error}",
+                                  step=comm.last_committed_step + 1) from error
+        with self._lock:
+            self._comm, self._group, self._store, self._local_peers = comm, group, store, local_peers
+            self.groups_made += 1
+        return group
+
+    def _abort_locked(self) -> None:
+        store, group = self._store, self._group
+        if store is not None:
+            try:
+                store.set(_ABORT_KEY, "1")
+            except RuntimeError:
+                pass  # the store's server is gone: the others see that as an abort too
+        if group is not None:
+            try:
+                self._abort_group(group)
+            except RuntimeError:
+                pass  # already broken: dropping it is all that is left
+        self._drop_locked(aborted=True)
+
+    def _drop_locked(self, aborted: bool = False) -> None:
+        group = self._group
+        self._comm = self._group = self._store = None
+        self._local_peers = []
+        if group is not None and not aborted:
+            self._abort_group(group)  # torch's rule: a group left behind is aborted, not destroyed
+
+
+def deadline(timeout) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(timeout))
+
+
+def _rendezvous_store(comm, timeout) -> dist.TCPStore:
+    """A new TCPStore served by ``comm``'s rank 0 on a free port, its address broadcast over
+    ``comm`` (collective)."""
+    address = np.zeros(_ADDRESS_BYTES, np.uint8)
+    store = None
+    if comm.rank == 0:
+        host = socket.gethostname()
+        store = dist.TCPStore(host, 0, comm.size, True, timeout=deadline(timeout), wait_for_workers=False)
+        raw = json.dumps([host, store.port]).encode()
+        address[:len(raw)] = np.frombuffer(raw, np.uint8)
+    comm.broadcast(address, root=0, timeout=timeout)
+    host, port = json.loads(address.tobytes().rstrip(b"\0"))
+    if store is None:
+        store = dist.TCPStore(host, port, comm.size, False, timeout=deadline(timeout))
+    return store

@@ -1,0 +1,23 @@
+"""The default data plane: ftcomm's own ring over the communicator (``data_plane.py``)."""
+from __future__ import annotations
+
+from .device import is_device
+
+
+class RingPlane:
+    """ftcomm's ring: the communicator's uncommitted allreduce (no undo log, no agreement)."""
+
+    name = "ring"
+
+    def takes(self, tensors) -> bool:
+        """Host tensors only: device tensors are staged through host memory (``device.py``)."""
+        return not any(is_device(t) for t in tensors)
+
+    def allreduce(self, comm, tensors, op: str, timeout) -> int:
+        return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
+
+    def allgather(self, comm, src, dst, timeout) -> None:
+        comm.allgather(src, dst, timeout=timeout)
+
+    def abort(self) -> None:
+        """Nothing: the caller revokes the communicator, which ends the ring's waits."""
