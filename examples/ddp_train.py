@@ -8,6 +8,7 @@ epoch loop. Everything under "demo only" exists to kill a rank on purpose.
     ftcomm-run -n 4 python examples/ddp_train.py
     ftcomm-run -n 4 python examples/ddp_train.py --kill 2@30     # world rank 2 dies in step 30
     ftcomm-run -n 4 --spares 1 python examples/ddp_train.py --kill 2@30   # a spare takes its place
+    FTCOMM_DATA_PLANE=nccl ftcomm-run -n 2 python examples/ddp_train.py --device cuda --kill 1@30  # 2+ GPUs
 
 Without spares the survivors go on at world size 3; with one, the spare (world rank 4) starts
 this script inside `import ftcomm.torch`, gets the model, optimizer and data position from the
@@ -30,6 +31,9 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--backend", default="ftcomm")  # ftcomm (was "gloo")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: each rank on GPU LOCAL_RANK mod the GPUs it sees; the gradient buckets then "
+                             "go through FTCOMM_DATA_PLANE's plane (nccl: in device memory)")
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK inside the gradient allreduce of step "
                              "STEP (steps are counted from 1 over the whole run, as the logs and "
@@ -61,6 +65,10 @@ import ftcomm.torch  # noqa: E402 (ftcomm)
 def main():
     args = ARGS
 
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     if args.kill and not ftcomm.fault.can_recover("--kill"):
@@ -75,7 +83,7 @@ def main():
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
     ddp_model = DDP(model)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
@@ -92,7 +100,8 @@ def main():
         for xb, yb in loader:
             step = loader.steps_applied + 1  # the step this iteration runs, from 1 (a redo runs it again)
             if args.kill and args.kill[1] == step:  # demo only
-                arm_kill(args.kill[0], loader)
+                arm_kill(args.kill[0], loader, model)
+            xb, yb = xb.to(device), yb.to(device)
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(xb), yb)
             loss.backward()
@@ -105,7 +114,7 @@ def main():
 
     ddp_model.eval()
     with torch.no_grad():
-        accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        accuracy = (model(x_test.to(device)).argmax(1).cpu() == y_test).float().mean().item()
     if dist.get_rank() == 0:
         print(f"test accuracy: {accuracy:.4f}", flush=True)
         if args.result_json:
@@ -117,14 +126,17 @@ def main():
     dist.destroy_process_group()
 
 
-def arm_kill(world_rank, loader):
+def arm_kill(world_rank, loader, model):
     """Demo only: world rank ``world_rank`` SIGKILLs itself in the next gradient allreduce (and
     logs it first, so that the recovery report times the failure from the kill)."""
     comm = dist.group.WORLD.comm
     if comm.world_rank == world_rank:
         loader.record(event="kill", step=loader.steps_applied + 1)
-    # the ring's reduce-scatter phase, or the gloo data plane's allreduce (FTCOMM_DATA_PLANE=gloo)
-    point = "data_plane" if ftcomm.settings.data_plane() == "gloo" else "reduce_scatter"
+    # the ring's reduce-scatter phase, or the allreduce of an inner gloo or NCCL group that moves
+    # the buckets as they are (FTCOMM_DATA_PLANE)
+    plane = dist.group.WORLD.data_plane
+    on_plane = plane.name != "ring" and plane.takes([next(model.parameters())])
+    point = "data_plane" if on_plane else "reduce_scatter"
     ftcomm.fault.inject(point, rank=world_rank, step=comm.last_committed_step + 1)
 
 

@@ -112,8 +112,24 @@ run test_kernels 150 "${PYTEST[@]}" tests/gpu/test_kernels.py
 run test_allreduce_gpu 300 "${PYTEST[@]}" tests/gpu/test_allreduce_gpu.py
 run test_staging_host 120 "${PYTEST[@]}" tests/gpu/test_staged_host_memory.py
 run test_torch_staging 150 "${PYTEST[@]}" tests/gpu/test_torch_device_staging.py
-# DDP on the device (4 ranks sharing it): a kill, then a kill with a spare ($GPU_CHECK_DEVICE).
-run test_ddp_device 240 "${PYTEST[@]}" tests/gpu/test_ddp_device.py
+# DDP on the device (4 ranks sharing it): a kill (on the ring, and with gloo as the inner data
+# plane on CUDA tensors), then a kill with a spare ($GPU_CHECK_DEVICE).
+run test_ddp_device 300 "${PYTEST[@]}" tests/gpu/test_ddp_device.py
+# The NCCL data plane at world size 1 (NCCL refuses two ranks on one GPU): create, collectives,
+# abort from another thread, rebuild; DDP on it against the staged ring.
+run test_nccl_plane 240 "${PYTEST[@]}" tests/gpu/test_nccl_plane.py
+GPUS=0
+[ "$DRY_RUN" = 0 ] && GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+say "GPUs: $GPUS"
+if [ "$GPUS" -ge 2 ]; then
+  # One GPU per rank: the NCCL plane at 2 ranks, a rank killed in step 30, and its step time.
+  FTCOMM_DATA_PLANE=nccl run ddp_train_nccl_kill 240 "$PY" -m ftcomm.launch -n 2 --timeout 230 \
+    "$PY" examples/ddp_train.py --device cuda --kill 1@30 --epochs 3 --result-json "$OUT/ddp_train_nccl_kill.json"
+  FTCOMM_DATA_PLANE=nccl run bench_nccl_plane 240 "$PY" -m ftcomm.launch -n 2 --timeout 230 \
+    "$PY" tests/gpu/bench_gpu.py nccl_plane "$OUT/nccl_plane_bench_n2.json"
+else
+  say "fewer than 2 GPUs: the NCCL plane's 2-rank kill and step time need one GPU per rank; skipped"
+fi
 
 # 4. Benchmarks.
 if [ "$DRY_RUN" = 0 ]; then
@@ -146,6 +162,7 @@ summary = {
     "allreduce_min_ratio_vs_gloo": [a and a["min_ratio"] for a in ar],
     "allreduce_target_met": all(a and a["min_ratio"] >= 1.0 for a in ar),
     "kernel": kernel, "allreduce": ar, "backends": load("backends_bench_n4.json"),
+    "nccl_plane": load("nccl_plane_bench_n2.json"), "ddp_train_nccl_kill": load("ddp_train_nccl_kill.json"),
 }
 targets_met = dry_run or (summary["kernel_target_met"] and summary["allreduce_target_met"])
 summary["all_ok"] = all(v == "ok" for v in phases.values()) and targets_met

@@ -20,6 +20,13 @@
         DDP with AdamW on an MLP of about 19M parameters over each backend (median of 10 steps
         after 3). ``cpu``: the same on CPU tensors with sizes up to 4 MiB and a 2.7M model (the
         check's dry run).
+
+    FTCOMM_DATA_PLANE=nccl ftcomm-run -n N python bench_gpu.py nccl_plane OUT.json
+        Needs one GPU per rank. DDP's step time with AdamW on the same 19M-parameter MLP, inside
+        ``ftcomm.torch.resilient`` on the ftcomm group whose buckets go through the inner NCCL
+        group (one ULFM agreement per step), against a torch NCCL group; rounds alternate which
+        goes first, 10 steps each after 3, and ``plane_cost`` is the median of the per-round
+        ratios minus 1 (the slowest rank's times; target: at most +3%).
 """
 import json
 import os
@@ -201,5 +208,61 @@ def backends(out_path, device="cuda"):
     dist.destroy_process_group()
 
 
+def nccl_plane(out_path, rounds: int = 6):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import ftcomm.torch
+
+    dist.init_process_group("ftcomm")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    plane = dist.group.WORLD.data_plane
+    assert plane.name == "nccl", f"the ftcomm group's data plane is {plane.name}: {ftcomm.cuda_status()}"
+    groups = {"ftcomm+nccl-plane": dist.group.WORLD, "nccl": dist.new_group(backend="nccl")}
+    x = torch.randn(32, 1024, device="cuda")
+    replicas = {}
+    for name, group in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 3400), torch.nn.ReLU(), torch.nn.Linear(3400, 3400),
+                                    torch.nn.ReLU(), torch.nn.Linear(3400, 1024)).cuda()
+        ddp = DDP(model, process_group=group)
+        replicas[name] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4))
+
+    def run(name, steps):
+        ddp, opt = replicas[name]
+        batches = DataLoader(TensorDataset(torch.arange(steps)), batch_size=1)  # resilient() takes a DataLoader
+        torch.cuda.synchronize()
+        groups["nccl"].barrier()
+        t0 = time.perf_counter()
+        for _ in (ftcomm.torch.resilient(batches) if name != "nccl" else batches):
+            opt.zero_grad()
+            ddp(x).square().mean().backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps
+
+    for name in groups:
+        run(name, 3)
+    times = {name: [] for name in groups}
+    for r in range(rounds):
+        for name in (list(groups) if r % 2 == 0 else list(reversed(groups))):
+            times[name].append(run(name, 10))
+    t = torch.tensor([times[name] for name in groups], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["nccl"])  # the slowest rank's time
+    if rank == 0:
+        rows = dict(zip(groups, t.cpu().tolist()))
+        cost = statistics.median(a / b for a, b in zip(rows["ftcomm+nccl-plane"], rows["nccl"])) - 1
+        result = {"device": torch.cuda.get_device_name(), "ranks": size, "step_s": rows,
+                  "plane_allreduces": plane.completed["allreduce"], "plane_cost": cost}
+        print(json.dumps(result), flush=True)
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+    del replicas
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    {"kernel": kernel, "allreduce": allreduce, "backends": backends}[sys.argv[1]](*sys.argv[2:])
+    {"kernel": kernel, "allreduce": allreduce, "backends": backends, "nccl_plane": nccl_plane}[sys.argv[1]](*sys.argv[2:])

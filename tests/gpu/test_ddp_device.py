@@ -42,13 +42,18 @@ def _check_shard(reports, optimizer: str) -> None:
         assert rep["device_matches_host"] is on_device, rep
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "zero"])
-def test_kill_recovers_with_identical_state_on_the_survivors(optimizer):
-    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *_zero_args(optimizer), env={**JOB_ENV, **KILL},
-                  timeout=240)
+@pytest.mark.parametrize("optimizer, plane", [("adamw", "ring"), ("zero", "ring"), ("adamw", "gloo")])
+def test_kill_recovers_with_identical_state_on_the_survivors(optimizer, plane):
+    """On "gloo", the buckets (CUDA tensors on a GPU) go through an inner gloo group as they are,
+    under ftcomm's control plane; the kill is then in that plane's allreduce."""
+    kill = KILL if plane == "ring" else {"FTCOMM_FAULT": KILL["FTCOMM_FAULT"].replace("reduce_scatter", "data_plane")}
+    job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *_zero_args(optimizer),
+                  env={**JOB_ENV, **kill, "FTCOMM_DATA_PLANE": plane}, timeout=240)
     reports = finals(job, [0, 1, 3])
     for rep in reports.values():
-        assert rep["world_size"] == 3, rep
+        assert rep["world_size"] == 3 and rep["plane"] == plane, rep
+        if plane == "gloo":
+            assert rep["plane_allreduces"] > 0, rep
     _check_shard(reports, optimizer)
 
 

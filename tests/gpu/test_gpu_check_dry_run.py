@@ -18,7 +18,9 @@ def test_dry_run_runs_every_phase_and_writes_the_summary(tmp_path):
     assert proc.returncode == 0 and summary["all_ok"], proc.stdout[-4000:] + proc.stderr[-2000:]
     assert summary["dry_run"] is True
     assert set(summary["phases"]) == {"import", "test_kernels", "test_allreduce_gpu", "test_staging_host",
-                                      "test_torch_staging", "test_ddp_device", "bench_backends_n4"}
+                                      "test_torch_staging", "test_ddp_device", "test_nccl_plane",
+                                      "bench_backends_n4"}
+    assert summary["nccl_plane"] is None and "fewer than 2 GPUs" in proc.stdout, summary  # one GPU per rank
     bench = summary["backends"]
     assert bench["device"] == "cpu" and [r["mib"] for r in bench["allreduce"]] == [1, 4]
     assert all(r["values_ok"] and r["ftcomm"]["busbw_gb_s"] > 0 and r["gloo"]["busbw_gb_s"] > 0

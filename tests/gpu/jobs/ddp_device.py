@@ -9,7 +9,8 @@ lives on the device, ftcomm/torch/zero/device_shard.py; ``--offload`` keeps it o
 spare, the newcomer takes its shard from a buddy's replica.
 
 Reports "final" on every rank that finishes: world size, steps applied and redone, digests of the
-parameters and the optimizer state (their bytes, copied to the host), the parameters' device, and
+parameters and the optimizer state (their bytes, copied to the host), the parameters' device, the
+data plane (FTCOMM_DATA_PLANE) and the allreduces it completed here, and
 with ``--zero`` whether the shard's state is on the device and equal to its host copy bitwise.
 """
 import argparse
@@ -72,6 +73,8 @@ if args.zero:  # the sharded state, gathered (collective)
              and torch.equal(on_device.live.cpu(), torch.from_numpy(opt.sharded.live))}
 else:
     moments = [s[k] for s in opt.state.values() for k in sorted(s)]
+plane = dist.group.WORLD.data_plane
 report(kind="final", world_size=dist.get_world_size(), applied=loader.steps_applied, redone=loader.steps_redone,
+       plane=plane.name, plane_allreduces=getattr(plane, "completed", {}).get("allreduce", 0),
        params=digest(model.parameters()), optimizer=digest(moments),
        device=next(model.parameters()).device.type, joined=loader.joined, **shard)
