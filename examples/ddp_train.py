@@ -132,11 +132,8 @@ def arm_kill(world_rank, loader, model):
     comm = dist.group.WORLD.comm
     if comm.world_rank == world_rank:
         loader.record(event="kill", step=loader.steps_applied + 1)
-    # the ring's reduce-scatter phase, or the allreduce of an inner gloo or NCCL group that moves
-    # the buckets as they are (FTCOMM_DATA_PLANE)
-    plane = dist.group.WORLD.data_plane
-    on_plane = plane.name != "ring" and plane.takes([next(model.parameters())])
-    point = "data_plane" if on_plane else "reduce_scatter"
+    # in the ring's reduce-scatter, or in the inner gloo or NCCL group's allreduce (FTCOMM_DATA_PLANE)
+    point = dist.group.WORLD.data_plane.fault_point([next(model.parameters())])
     ftcomm.fault.inject(point, rank=world_rank, step=comm.last_committed_step + 1)
 
 

@@ -80,6 +80,11 @@ class InnerGroupPlane:
         them, or uses ftcomm's ring)."""
         raise NotImplementedError
 
+    def fault_point(self, tensors) -> str:
+        """The ``ftcomm.fault`` point inside an allreduce of ``tensors`` (fault injection): just
+        before this rank starts its part in the inner group."""
+        return "data_plane"
+
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
         """Reduces ``tensors`` in place over ``comm``'s ranks (several: as one bucket, each reduced on
         its own), uncommitted. Returns the step id it is recorded under

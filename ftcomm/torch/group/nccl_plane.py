@@ -48,13 +48,20 @@ class NcclPlane(InnerGroupPlane):
         self._ring = RingPlane()
 
     def takes(self, tensors) -> bool:
-        """Device tensors, all on one device."""
-        return bool(tensors) and all(is_device(t) for t in tensors) and len({t.device for t in tensors}) == 1
+        """Host tensors (through the ring), or device tensors all on one device (through NCCL)."""
+        return self._ring.takes(tensors) or self._on_one_device(tensors)
+
+    def fault_point(self, tensors) -> str:
+        return super().fault_point(tensors) if self._on_one_device(tensors) else self._ring.fault_point(tensors)
 
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
-        if not self.takes(tensors):
+        if not self._on_one_device(tensors):
             return self._ring.allreduce(comm, tensors, op, timeout)
         return super().allreduce(comm, tensors, op, timeout)
+
+    @staticmethod
+    def _on_one_device(tensors) -> bool:
+        return bool(tensors) and all(is_device(t) for t in tensors) and len({t.device for t in tensors}) == 1
 
     def allgather(self, comm, src, dst, timeout) -> None:
         """ZeRO's parameter allgather: host arrays, through ftcomm's ring."""

@@ -13,6 +13,10 @@ class RingPlane:
         """Host tensors only: device tensors are staged through host memory (``device.py``)."""
         return not any(is_device(t) for t in tensors)
 
+    def fault_point(self, tensors) -> str:
+        """The ``ftcomm.fault`` point inside an allreduce of ``tensors`` (fault injection)."""
+        return "reduce_scatter"
+
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
         return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
 
