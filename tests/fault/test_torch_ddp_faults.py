@@ -37,21 +37,29 @@ def test_collectives_and_ddp_gradients_match_gloo():
         assert rep["param_err"] <= 1e-6, rep
 
 
-# (data plane, where in it the victim is hit, how): ftcomm's ring, and an inner gloo group under
-# ftcomm's control plane (FTCOMM_DATA_PLANE=gloo), where a stopped rank is fenced and its
-# connections closing end the collective on the others. By default a representative part; the
+# (data plane, where in it the victim is hit, how, the victim): ftcomm's ring, and an inner gloo
+# group under ftcomm's control plane (FTCOMM_DATA_PLANE=gloo), where a stopped rank is fenced and
+# its connections closing end the collective on the others; a stopped world rank 0 also stops the
+# inner group's store, which the others must not wait on. By default a representative part; the
 # whole plane x fault matrix (kill, exit, hang, stop on both planes) with ``pytest -m matrix``.
-PLANES = [("ring", "reduce_scatter", "kill"), ("gloo", "data_plane", "kill"), ("gloo", "data_plane", "stop")]
-MATRIX = [(plane, point, kind) for plane, point in (("ring", "reduce_scatter"), ("gloo", "data_plane"))
-          for kind in ("kill", "exit", "hang", "stop") if (plane, point, kind) not in PLANES]
+PLANES = [("ring", "reduce_scatter", "kill", 2), ("gloo", "data_plane", "kill", 2), ("gloo", "data_plane", "stop", 2),
+          ("gloo", "data_plane", "stop", 0)]
+MATRIX = [(plane, point, kind, 2) for plane, point in (("ring", "reduce_scatter"), ("gloo", "data_plane"))
+          for kind in ("kill", "exit", "hang", "stop") if (plane, point, kind, 2) not in PLANES]
+
+
+def _cell_id(cell) -> str:
+    plane, _, kind, victim = cell
+    return f"{plane}-{kind}" + ("" if victim == 2 else f"-rank{victim}")
 
 
 @pytest.mark.fault
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("plane,point,kind", [pytest.param(*c, id=f"{c[0]}-{c[2]}") for c in PLANES]
-                         + [pytest.param(*c, id=f"{c[0]}-{c[2]}", marks=pytest.mark.matrix) for c in MATRIX])
-def test_kill_in_ddp_backward_allreduce_is_redone_and_converges(plane, point, kind):
-    n, victim, samples, batch, epochs = 4, 2, 384, 8, 3
+@pytest.mark.parametrize("plane,point,kind,victim",
+                         [pytest.param(*c, id=_cell_id(c)) for c in PLANES]
+                         + [pytest.param(*c, id=_cell_id(c), marks=pytest.mark.matrix) for c in MATRIX])
+def test_kill_in_ddp_backward_allreduce_is_redone_and_converges(plane, point, kind, victim):
+    n, samples, batch, epochs = 4, 384, 8, 3
     # allreduce step id 6 (the communicator's ledger counts from 0) = the gradient bucket of
     # training step 7 (one bucket per step, steps counted from 1); 6 steps were applied, so
     # 384 - 6 x 32 = 192 samples remain, a multiple of 3, and the re-split needs no padding.

@@ -52,14 +52,20 @@ def test_matches_torch_zero_over_gloo(optimizer):
 # reduce-scatter) or an inner gloo group under ftcomm's control plane (FTCOMM_DATA_PLANE=gloo),
 # which also carries the parameter allgather.
 BACKWARD_POINT = {"ring": "reduce_scatter", "gloo": "data_plane"}
-# (data plane, phase, how): by default every phase killed on the ring, and on the gloo plane a kill
-# in both of its collectives and a stopped rank (fenced) in the allgather; the whole plane x phase
-# x (kill, exit, hang, stop) matrix with ``pytest -m matrix``.
-CELLS = [("ring", phase, "kill") for phase in PHASES] + [
-    ("gloo", "backward allreduce", "kill"), ("gloo", "parameter allgather", "kill"),
-    ("gloo", "parameter allgather", "stop")]
-MATRIX = [(plane, phase, kind) for plane in BACKWARD_POINT for phase in PHASES
-          for kind in ("kill", "exit", "hang", "stop") if (plane, phase, kind) not in CELLS]
+# (data plane, phase, how, the victim): by default every phase killed on the ring, and on the gloo
+# plane a kill in both of its collectives and a stopped rank (fenced) in the allgather, world rank
+# 0 too (it also serves the inner group's store); the whole plane x phase x (kill, exit, hang,
+# stop) matrix with ``pytest -m matrix``.
+CELLS = [("ring", phase, "kill", 2) for phase in PHASES] + [
+    ("gloo", "backward allreduce", "kill", 2), ("gloo", "parameter allgather", "kill", 2),
+    ("gloo", "parameter allgather", "stop", 2), ("gloo", "parameter allgather", "stop", 0)]
+MATRIX = [(plane, phase, kind, 2) for plane in BACKWARD_POINT for phase in PHASES
+          for kind in ("kill", "exit", "hang", "stop") if (plane, phase, kind, 2) not in CELLS]
+
+
+def _cell_id(cell) -> str:
+    *what, victim = cell
+    return "-".join(what) + ("" if victim == 2 else f"-rank{victim}")
 
 
 def _fault(victim: int, plane: str, phase: str, kind: str) -> str:
@@ -77,10 +83,10 @@ def _completed_on_the_plane(phase: str, applied: int) -> dict:
 
 @pytest.mark.fault
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("plane,phase,kind", [pytest.param(*c, id="-".join(c)) for c in CELLS]
-                         + [pytest.param(*c, id="-".join(c), marks=pytest.mark.matrix) for c in MATRIX])
-def test_kill_in_each_phase_rebuilds_the_committed_state(plane, phase, kind):
-    n, victim = 4, 2
+@pytest.mark.parametrize("plane,phase,kind,victim", [pytest.param(*c, id=_cell_id(c)) for c in CELLS]
+                         + [pytest.param(*c, id=_cell_id(c), marks=pytest.mark.matrix) for c in MATRIX])
+def test_kill_in_each_phase_rebuilds_the_committed_state(plane, phase, kind, victim):
+    n = 4
     job = run_job(JOBS / "torch_zero.py", n, "--mode", "kill", timeout=160,
                   env={"FTCOMM_FAULT": _fault(victim, plane, phase, kind), "FTCOMM_DATA_PLANE": plane,
                        "FTCOMM_FENCE_TIMEOUT": "5",

@@ -14,7 +14,8 @@ starts the collective and watches it until it ends (``_watch``), and gives up on
   liveness table: NCCL between processes of one host does not notice a dead peer);
 - a peer has been silent past ``FTCOMM_FENCE_TIMEOUT``: it is stopped, and is fenced (SIGKILL);
 - another member gave up on the group: it wrote the store's abort key, or its rank 0 (the store's
-  server) is gone;
+  server) is gone or stopped (``abort_watch.py`` looks from a thread of its own: a stopped server
+  never answers);
 - this rank's ``abort()`` was called, from any thread;
 - the deadline passed.
 
@@ -38,12 +39,12 @@ import torch.distributed as dist
 
 from ...core import fault, liveness
 from ...errors import FtError, ProcFailedError
+from .abort_watch import ABORT_KEY, AbortWatch
 
 _ADDRESS_BYTES = 512
 # "avg" is a sum, divided by the size afterwards (gloo has no AVG).
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
               "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
-_ABORT_KEY = "ftcomm/aborted"
 _LOOK_EVERY = 0.1      # seconds between two looks at the liveness table and the store while waiting
 _STORE_ANSWER = 5.0    # seconds the store may take to answer a look; past it, rank 0 counts as gone
 
@@ -69,6 +70,7 @@ class InnerGroupPlane:
         self._comm = None
         self._group = None
         self._store = None  # rank 0's TCPStore serves the rendezvous and the abort key
+        self._watch: AbortWatch | None = None  # looks for the abort key (abort_watch.py)
         self._local_peers: list[int] = []  # world ranks alive on this host when the group was made
         self._aborted = threading.Event()  # abort() was called on this rank for the current group
         self.groups_made = 0
@@ -157,6 +159,7 @@ class InnerGroupPlane:
         not, in words (a string: an exception would keep this frame, and with it the group, alive)."""
         fence_after = liveness.fence_timeout()
         peers = [w for w in comm.world_ranks if w != comm.world_rank]
+        watch = self._watch
         try:
             works = start(group)
             started = time.monotonic()
@@ -171,30 +174,28 @@ class InnerGroupPlane:
                     if now - started >= deadline_s:
                         return f"timeout after {deadline_s:g} s"
                     if now >= next_look:
-                        why = self._look_around(peers, fence_after if now - started >= fence_after else None)
+                        watch.looking(True)  # only for a collective that takes a while
+                        why = self._look_around(peers, watch, fence_after if now - started >= fence_after else None)
                         if why:
                             return why
                         next_look = now + _LOOK_EVERY
                 work.wait()  # its error, if it failed
         except RuntimeError as error:
             return str(error)
+        finally:
+            watch.looking(False)
         return None
 
-    def _look_around(self, peers, fence_after: float | None) -> str | None:
+    def _look_around(self, peers, watch: AbortWatch, fence_after: float | None) -> str | None:
         """Why the collective cannot end any more, or None: a local peer gone, another member's
-        abort. Past ``fence_after`` seconds, fences the peers on this host silent that long."""
+        abort, the store gone (``watch``; never blocks). Past ``fence_after`` seconds, fences the
+        peers on this host silent that long."""
         if fence_after is not None:
             liveness.fence_silent(peers, fence_after)
         gone = [w for w in self._local_peers if liveness.finished(w)]
         if gone:
             return f"world rank(s) {gone} on this host exited or were fenced"
-        store = self._store
-        try:
-            if store is not None and store.check([_ABORT_KEY]):
-                return "another member aborted the group"
-        except RuntimeError as error:  # its rank 0 (the store's server) is gone or stopped
-            return f"the group's store does not answer: {error}"
-        return None
+        return watch.verdict()
 
     def _group_for(self, comm, timeout, device):
         with self._lock:
@@ -208,7 +209,7 @@ class InnerGroupPlane:
             # also true for peers on other hosts, which the transport or the store must report).
             local_peers = [w for w in comm.world_ranks if w != comm.world_rank and not liveness.finished(w)]
             group = self._make_group(store, comm.rank, comm.size, float(timeout), device)
-            store.set_timeout(datetime.timedelta(seconds=_STORE_ANSWER))  # looks must not block long
+            watch = AbortWatch(store, comm.size, _LOOK_EVERY, _STORE_ANSWER)
         except FtError:
             raise
         except RuntimeError as error:  # a peer died between the broadcast and the rendezvous
@@ -216,6 +217,7 @@ class InnerGroupPlane:
                                   step=comm.last_committed_step + 1) from error
         with self._lock:
             self._comm, self._group, self._store, self._local_peers = comm, group, store, local_peers
+            self._watch = watch
             self.groups_made += 1
         return group
 
@@ -223,7 +225,7 @@ class InnerGroupPlane:
         store, group = self._store, self._group
         if store is not None:
             try:
-                store.set(_ABORT_KEY, "1")
+                store.set(ABORT_KEY, "1")  # on this client, not the watch's (which may be stuck)
             except RuntimeError:
                 pass  # the store's server is gone: the others see that as an abort too
         if group is not None:
@@ -235,7 +237,9 @@ class InnerGroupPlane:
 
     def _drop_locked(self, aborted: bool = False) -> None:
         group = self._group
-        self._comm = self._group = self._store = None
+        if self._watch is not None:
+            self._watch.close()
+        self._comm = self._group = self._store = self._watch = None
         self._local_peers = []
         if group is not None and not aborted:
             self._abort_group(group)  # torch's rule: a group left behind is aborted, not destroyed
