@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -93,3 +94,17 @@ class FakeTorchDevice:
         rest = threading.Thread(target=copy, args=(slice(1, shard.shape[0]), first), daemon=True)
         rest.start()
         return [first], [rest]
+
+
+@contextmanager
+def installed():
+    """A ``FakeTorchDevice`` as the torch backend's device operations for the body of the
+    ``with``, the previous ones after it."""
+    from ftcomm.torch.group import device
+
+    stand_in = FakeTorchDevice()
+    previous = device.use_ops_for_tests(stand_in)
+    try:
+        yield stand_in
+    finally:
+        device.use_ops_for_tests(previous)

@@ -6,8 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_torch_device import FakeTorchDevice  # noqa: E402
-from ftcomm.torch.group import device  # noqa: E402
+from fake_torch_device import installed  # noqa: E402
 from ftcomm.torch.zero.device_shard import DeviceShard  # noqa: E402
 from ftcomm.training import storage  # noqa: E402
 from ftcomm.training.layout import ShardLayout  # noqa: E402
@@ -16,10 +15,8 @@ from ftcomm.training.stepper import GroupRange, ShardStepper  # noqa: E402
 
 @pytest.fixture
 def fake():
-    stand_in = FakeTorchDevice()
-    previous = device.use_ops_for_tests(stand_in)
-    yield stand_in
-    device.use_ops_for_tests(previous)
+    with installed() as stand_in:
+        yield stand_in
 
 
 def _params(fake, sizes, with_grad):

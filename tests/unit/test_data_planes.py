@@ -9,9 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from fake_torch_device import FakeTorchDevice  # noqa: E402
+from fake_torch_device import installed  # noqa: E402
 
-from ftcomm.torch.group import device  # noqa: E402
 from ftcomm.torch.group.gloo_plane import GlooPlane  # noqa: E402
 from ftcomm.torch.group.nccl_plane import NcclPlane  # noqa: E402
 from ftcomm.torch.group.ring_plane import RingPlane  # noqa: E402
@@ -19,10 +18,8 @@ from ftcomm.torch.group.ring_plane import RingPlane  # noqa: E402
 
 @pytest.fixture
 def fake():
-    stand_in = FakeTorchDevice()
-    previous = device.use_ops_for_tests(stand_in)
-    yield stand_in
-    device.use_ops_for_tests(previous)
+    with installed() as stand_in:
+        yield stand_in
 
 
 def test_each_plane_takes_and_injects_where_it_moves_the_bytes(fake):
