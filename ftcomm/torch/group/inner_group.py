@@ -7,7 +7,7 @@ ranks by a broadcast over the communicator, so a group can be made again whoever
 included), with no fixed master, and no key of an old group can be mistaken for a new one's.
 
 The control plane, not the transport, decides when a collective has failed. The calling thread
-starts the collective and watches it until it ends (``_watch``), and gives up on it when
+starts the collective and watches it until it ends (``_run``), and gives up on it when
 
 - the transport failed it (gloo: a peer's connection closed; NCCL: an error reported by NCCL);
 - a peer on this host that was alive when the group was made has exited or was fenced (ftcomm-run's
