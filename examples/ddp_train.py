@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from cli import Parser, every, kill_spec  # examples/cli.py
+from cli import Parser, every, kill_spec, launched_rank  # examples/cli.py
 
 
 def parse_args():
@@ -67,6 +67,11 @@ def main():
 
     device = torch.device("cpu")
     if args.device == "cuda":
+        if not torch.cuda.is_available():
+            if launched_rank() == 0:  # one message for the whole job
+                print(f"ddp_train.py: --device cuda needs a CUDA device, and torch {torch.__version__} sees none",
+                      file=sys.stderr, flush=True)
+            sys.exit(2)
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(args.backend)
@@ -133,7 +138,7 @@ def arm_kill(world_rank, loader, model):
     if comm.world_rank == world_rank:
         loader.record(event="kill", step=loader.steps_applied + 1)
     # in the ring's reduce-scatter, or in the inner gloo or NCCL group's allreduce (FTCOMM_DATA_PLANE)
-    point = dist.group.WORLD.data_plane.fault_point([next(model.parameters())])
+    point = dist.group.WORLD.bucket_fault_point([next(model.parameters())])
     ftcomm.fault.inject(point, rank=world_rank, step=comm.last_committed_step + 1)
 
 

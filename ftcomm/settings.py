@@ -240,6 +240,14 @@ def step_commit() -> bool:
     return STEP_COMMIT.get()
 
 
+def buckets_on_data_plane() -> bool:
+    """Whether a resilient step's gradient buckets go through FTCOMM_DATA_PLANE's plane: the step
+    commit is on (``FTCOMM_STEP_COMMIT``) and the corruption guard off (``FTCOMM_CHECKSUMS``,
+    ``FTCOMM_FINGERPRINTS``: its verdict rides in each ring allreduce's own agreement). Otherwise
+    each bucket is committed on its own by ftcomm's ring."""
+    return step_commit() and not checksums() and not fingerprints()
+
+
 def data_plane() -> str:
     """FTCOMM_DATA_PLANE: what moves the gradient buckets that a resilient step's backward
     allreduces uncommitted (``FTCOMM_STEP_COMMIT``): "ring" (default, ftcomm's ring over the

@@ -66,9 +66,10 @@ def data_plane_status(cuda: bool | None = None) -> str:
     name = settings.data_plane()
     setting = f"FTCOMM_DATA_PLANE={name}"
     host_plane = "an inner gloo group" if name == "gloo" else "ftcomm's ring"
-    if settings.checksums() or settings.fingerprints():
-        buckets = (f"gradient buckets go through ftcomm's ring, not the {setting} plane: the corruption guard "
-                   "(FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS) needs the ring's own agreements")
+    if not settings.buckets_on_data_plane():
+        why = ("the corruption guard (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS) needs the ring's own agreements"
+               if settings.step_commit() else "FTCOMM_STEP_COMMIT=0 commits each bucket on its own")
+        buckets = f"gradient buckets go through ftcomm's ring, not the {setting} plane: {why}"
         device_plane = None
     else:
         device_plane = {"ring": "are staged through page-locked host memory to ftcomm's ring",

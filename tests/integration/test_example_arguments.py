@@ -57,3 +57,18 @@ def test_a_malformed_kill_is_refused_once(poisoned_path):
     assert res.returncode == 2 and res.stderr.count("--kill takes RANK@STEP") == 1, res.stderr
     res = _example("ddp_train.py", "--kill", "2-30", poisoned=poisoned_path, rank=0)
     assert res.returncode == 2 and res.stderr.count("expected RANK@STEP") == 1, res.stderr
+
+
+def test_ddp_train_on_cuda_without_a_device_says_so_once(tmp_path):
+    """--device cuda where torch sees no CUDA device: one message, every rank exits with status 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    res = subprocess.run([sys.executable, "-m", "ftcomm.launch", "-n", "2", "--timeout", "120", sys.executable,
+                          str(REPO / "examples" / "ddp_train.py"), "--device", "cuda", "--log-dir", str(tmp_path)],
+                         capture_output=True, text=True, env=job_environment(), timeout=180, cwd=REPO,
+                         stdin=subprocess.DEVNULL)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("--device cuda needs a CUDA device, and torch") == 1, res.stderr
+    assert "Traceback" not in res.stderr

@@ -74,3 +74,13 @@ def test_cuda_status_says_the_corruption_guard_keeps_the_buckets_on_the_ring(mon
     assert "gradient buckets go through ftcomm's ring, not the FTCOMM_DATA_PLANE=gloo plane: the corruption guard" in status
     assert "ZeRO's parameter allgather goes through an inner gloo group" in status
     assert "on CUDA tensors" not in status
+
+
+def test_cuda_status_says_per_bucket_commits_keep_the_buckets_on_the_ring(monkeypatch):
+    from ftcomm.core import cuda
+
+    monkeypatch.setenv("FTCOMM_DATA_PLANE", "gloo")
+    monkeypatch.setenv("FTCOMM_STEP_COMMIT", "0")
+    assert settings.buckets_on_data_plane() is False
+    assert ("gradient buckets go through ftcomm's ring, not the FTCOMM_DATA_PLANE=gloo plane: FTCOMM_STEP_COMMIT=0 "
+            "commits each bucket on its own") in cuda.data_plane_status(cuda=True)

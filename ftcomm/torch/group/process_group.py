@@ -175,6 +175,14 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         (``data_plane.py``: the ring, or an inner gloo or NCCL group under FTCOMM_DATA_PLANE)."""
         return self._plane
 
+    def bucket_fault_point(self, tensors) -> str:
+        """The ``ftcomm.fault`` point inside a resilient step's gradient allreduce of ``tensors``
+        (fault injection, as the examples' ``--kill``): the data plane's when the bucket goes
+        through it, else the committed ring's reduce-scatter."""
+        if settings.buckets_on_data_plane() and self._plane.takes(tensors):
+            return self._plane.fault_point(tensors)
+        return "reduce_scatter"
+
     def getRank(self) -> int:  # noqa: N802 (C++ virtual name)
         return self.comm.rank
 

@@ -57,9 +57,7 @@ class StepCommit:
         on a ULFM communicator, with the guard off. The same on every rank (the settings must be;
         the rest is the training loop's)."""
         return (comm.ft_enabled and torch._C._current_graph_task_id() >= 0 and in_gradient_phase()
-                and settings.step_commit()
-                and not settings.checksums() and not settings.fingerprints()
-                and plane.takes(tensors))
+                and settings.buckets_on_data_plane() and plane.takes(tensors))
 
     def run(self, comm, name: str, fn) -> None:
         """Runs ``fn(comm)`` (the collective ``name``, an allreduce with ``commit=False`` that returns
