@@ -31,13 +31,6 @@ class GlooPlane(InnerGroupPlane):
     # whole milliseconds, and 0 means no timeout at all.
     first_pause, longest_pause = 1e-3, 0.05
 
-    def takes(self, tensors) -> bool:
-        """Host tensors, or device tensors all on one device."""
-        on_device = [is_device(t) for t in tensors]
-        if not any(on_device):
-            return True
-        return all(on_device) and len({t.device for t in tensors}) == 1
-
     def allgather(self, comm, src: np.ndarray, dst: np.ndarray, timeout) -> None:
         """Gathers every rank's contiguous 1-D ``src`` (the same length and dtype on every rank)
         into the contiguous ``dst`` of ``comm.size * src.size`` elements, in rank order,

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from ...core import fault, liveness
 from ...errors import FtError, ProcFailedError
 from .abort_watch import ABORT_KEY, AbortWatch
+from .device import is_device
 
 _ADDRESS_BYTES = 512
 # "avg" is a sum, divided by the size afterwards (gloo has no AVG).
@@ -79,8 +80,8 @@ class InnerGroupPlane:
     # -- what the process group calls (data_plane.py) ------------------------------------------
     def takes(self, tensors) -> bool:
         """Whether this plane moves ``tensors`` as they are, with no copy (else the caller stages
-        them, or uses ftcomm's ring)."""
-        raise NotImplementedError
+        them): host tensors, or device tensors all on one device."""
+        return not any(is_device(t) for t in tensors) or on_one_device(tensors)
 
     def fault_point(self, tensors) -> str:
         """The ``ftcomm.fault`` point inside an allreduce of ``tensors`` (fault injection): just
@@ -99,7 +100,8 @@ class InnerGroupPlane:
         """
         step = comm.reserve_uncommitted_step()
         self._collective(comm, timeout, step, "allreduce",
-                         lambda group: self._start_allreduce(group, tensors, op, timeout), point="data_plane",
+                         lambda group: self._start_allreduce(group, tensors, op, timeout),
+                         point=self.fault_point(tensors),
                          device=tensors[0].device if tensors else None)
         if op == "avg":
             for t in tensors:
@@ -112,11 +114,6 @@ class InnerGroupPlane:
         self._aborted.set()
         with self._lock:
             self._abort_locked()
-
-    def close(self) -> None:
-        """Drops the inner group without a failure (the communicator changed)."""
-        with self._lock:
-            self._drop_locked()
 
     # -- for subclasses --------------------------------------------------------------------------
     def _make_group(self, store, rank: int, size: int, timeout: float, device):
@@ -243,6 +240,11 @@ class InnerGroupPlane:
         self._local_peers = []
         if group is not None and not aborted:
             self._abort_group(group)  # torch's rule: a group left behind is aborted, not destroyed
+
+
+def on_one_device(tensors) -> bool:
+    """Whether ``tensors`` are device tensors, at least one, all on the same device."""
+    return bool(tensors) and all(is_device(t) for t in tensors) and len({t.device for t in tensors}) == 1
 
 
 def deadline(timeout) -> datetime.timedelta:

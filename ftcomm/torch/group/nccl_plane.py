@@ -29,8 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ...core import liveness
-from .device import is_device
-from .inner_group import REDUCE_OPS, InnerGroupPlane, deadline
+from .inner_group import REDUCE_OPS, InnerGroupPlane, deadline, on_one_device
 from .ring_plane import RingPlane
 
 _TORCH_DEADLINE_MARGIN = 60.0  # seconds torch's NCCL watchdog waits past ftcomm's deadline
@@ -47,21 +46,15 @@ class NcclPlane(InnerGroupPlane):
         super().__init__()
         self._ring = RingPlane()
 
-    def takes(self, tensors) -> bool:
-        """Host tensors (through the ring), or device tensors all on one device (through NCCL)."""
-        return self._ring.takes(tensors) or self._on_one_device(tensors)
-
+    # takes: host tensors (through the ring) or device tensors on one device (through NCCL), as
+    # every inner group plane.
     def fault_point(self, tensors) -> str:
-        return super().fault_point(tensors) if self._on_one_device(tensors) else self._ring.fault_point(tensors)
+        return super().fault_point(tensors) if on_one_device(tensors) else self._ring.fault_point(tensors)
 
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
-        if not self._on_one_device(tensors):
+        if not on_one_device(tensors):
             return self._ring.allreduce(comm, tensors, op, timeout)
         return super().allreduce(comm, tensors, op, timeout)
-
-    @staticmethod
-    def _on_one_device(tensors) -> bool:
-        return bool(tensors) and all(is_device(t) for t in tensors) and len({t.device for t in tensors}) == 1
 
     def allgather(self, comm, src, dst, timeout) -> None:
         """ZeRO's parameter allgather: host arrays, through ftcomm's ring."""
