@@ -49,3 +49,83 @@ def test_the_nccl_plane_sends_host_tensors_to_the_ring():
     comm = Comm()
     assert NcclPlane().allreduce(comm, [torch.ones(3), torch.ones(2)], "avg", 5.0) == 7
     assert comm.calls == [(2, "avg", False)]  # uncommitted, as the ring plane's own
+
+
+def test_the_gloo_plane_starts_an_allreduce_from_the_callers_thread_once_its_group_is_made():
+    import ftcomm
+
+    comm, plane = ftcomm.Communicator(timeout=20), GlooPlane()
+    bucket = [torch.arange(6, dtype=torch.float32), torch.full((3,), 8.0)]
+    # no inner group yet: making one broadcasts over the communicator, which the caller may not
+    assert plane.start_allreduce(comm, bucket, "sum", 20) is None
+    step = plane.allreduce(comm, bucket, "sum", 20)  # the queued route makes the group
+    started = plane.start_allreduce(comm, bucket, "avg", 20)
+    assert started is not None and started.step == step + 1  # recorded after the queued one
+    results = []
+    started.on_success(lambda: results.append([t.clone() for t in bucket]))
+    assert started.watch() is None
+    # world size 1: the sum is the input, and "avg" divides it by 1
+    assert torch.equal(results[0][0], torch.arange(6, dtype=torch.float32))
+    assert torch.equal(results[0][1], torch.full((3,), 8.0))
+    assert plane.completed["allreduce"] == 2 and plane.groups_made == 1
+    assert not plane.starts_inline([]) and not NcclPlane().starts_inline(bucket)
+    assert RingPlane().start_allreduce(comm, bucket, "sum", 20) is None
+
+
+class _FakeStarted:
+    """What InnerGroupPlane.start_allreduce returns, with its outcome set by the test."""
+
+    def __init__(self, step, error):
+        self.step, self.error, self.callbacks = step, error, []
+
+    def on_success(self, callback):
+        self.callbacks.append(callback)
+
+    def watch(self):
+        return self.error
+
+
+class _FakePlane:
+    def __init__(self, error=None):
+        self.started = []
+        self.error = error
+
+    def start_allreduce(self, comm, tensors, op, timeout):
+        self.started.append(_FakeStarted(10 + len(self.started), self.error))
+        return self.started[-1]
+
+
+def test_the_step_commit_starts_a_bucket_only_with_nothing_queued_before_it():
+    import threading
+
+    from ftcomm.errors import ProcFailedError
+    from ftcomm.torch.group import step_state
+    from ftcomm.torch.group.executor import EXECUTOR
+    from ftcomm.torch.group.step_commit import StepCommit
+
+    if EXECUTOR.inline:
+        pytest.skip("FTCOMM_TORCH_ASYNC=0: no communication thread")
+    commit, plane, comm, bucket = StepCommit(group=type("G", (), {"timeout": 5.0})()), _FakePlane(), object(), [torch.ones(2)]
+    release = threading.Event()
+    EXECUTOR.submit(lambda: release.wait(10))  # a collective queued before the bucket
+    try:
+        assert commit.start(comm, "allreduce", bucket, "sum", plane) is None
+        assert plane.started == []  # the bucket is queued behind it instead
+    finally:
+        release.set()
+    assert EXECUTOR.drain(10)
+    work = commit.start(comm, "allreduce", bucket, "sum", plane)
+    assert len(plane.started) == 1 and commit.step == 10
+    assert EXECUTOR.drain(10) and work.is_completed()  # the watch completes it if the transport did not yet
+    plane.started[0].callbacks[0]()  # the transport's success after the watch's: completes it once only
+    assert work.result() == bucket and commit.error is None
+
+    failing = _FakePlane(error=ProcFailedError("a peer died", step=11))
+    other = StepCommit(group=commit.group)
+    work = other.start(comm, "allreduce", bucket, "sum", failing)
+    assert EXECUTOR.drain(10) and work.is_completed() and work.exception() is None  # voided by the step, not the Work
+    assert isinstance(other.error, ProcFailedError)
+    # after this rank's failure in the step, its later buckets are skipped
+    assert other.start(comm, "allreduce", bucket, "sum", failing).is_completed() and len(failing.started) == 1
+    with step_state.STATE.lock:
+        step_state.STATE.pending_commits.clear()  # the two StepCommits above settle nothing here

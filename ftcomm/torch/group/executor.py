@@ -6,6 +6,11 @@ the collectives were issued. One thread keeps the order of collectives the same 
 computing while a bucket is being reduced (the core releases the GIL), and means MPI is called
 from one thread at a time. ``FTCOMM_TORCH_ASYNC=0`` runs each collective inline in the caller's
 thread instead (for debugging).
+
+A collective on an inner data-plane group (``inner_group.py``) may be started from the caller's
+thread instead, when nothing is queued before it (``collectives_queued() == 0``): its start order
+is then still the program order. Only the watch of it (``submit(fn, watch=True)``: a callable that
+starts no collective and touches no communicator's step ids) runs here, off the bucket's path.
 """
 from __future__ import annotations
 
@@ -24,19 +29,27 @@ class Executor:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._pending = 0
+        self._collectives = 0  # the pending callables that are not watches
         self._cond = threading.Condition()
         self._start_lock = threading.Lock()
 
-    def submit(self, fn) -> None:
+    def submit(self, fn, watch: bool = False) -> None:
         """Runs ``fn()`` after every callable submitted before it. ``fn`` must not raise (it
-        reports its outcome through its own future)."""
+        reports its outcome through its own future). ``watch``: ``fn`` only watches a collective
+        already started, and is not counted by ``collectives_queued``."""
         if self.inline or threading.current_thread() is self._thread:
             fn()
             return
         with self._cond:
             self._pending += 1
+            self._collectives += not watch
         self._ensure_thread()
-        self._queue.put(fn)
+        self._queue.put((fn, watch))
+
+    def collectives_queued(self) -> int:
+        """The submitted callables, watches aside, that have not finished yet (0 inline)."""
+        with self._cond:
+            return self._collectives
 
     def drain(self, timeout: float | None = None) -> bool:
         """Waits until every submitted callable has run. Returns False if ``timeout`` seconds
@@ -57,12 +70,13 @@ class Executor:
 
     def _loop(self) -> None:
         while True:
-            fn = self._queue.get()
+            fn, watch = self._queue.get()
             try:
                 fn()
             finally:
                 with self._cond:
                     self._pending -= 1
+                    self._collectives -= not watch
                     self._cond.notify_all()
 
 

@@ -7,7 +7,11 @@ ranks by a broadcast over the communicator, so a group can be made again whoever
 included), with no fixed master, and no key of an old group can be mistaken for a new one's.
 
 The control plane, not the transport, decides when a collective has failed. The calling thread
-starts the collective and watches it until it ends (``_run``), and gives up on it when
+(ftcomm's communication thread) starts the collective and watches it until it ends (``_run``).
+``start_allreduce`` splits the two: it starts an allreduce from the caller's own thread (backward's,
+for a gradient bucket: no hand-over to the communication thread on the bucket's path, as with a
+plain torch backend) and leaves the watch (``Started.watch``) to the communication thread. The
+watch gives up on a collective when
 
 - the transport failed it (gloo: a peer's connection closed; NCCL: an error reported by NCCL);
 - a peer on this host that was alive when the group was made has exited or was fenced (ftcomm-run's
@@ -35,6 +39,7 @@ import threading
 import time
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from ...core import fault, liveness
@@ -108,6 +113,37 @@ class InnerGroupPlane:
                 t.div_(comm.size)
         return step
 
+    def starts_inline(self, tensors) -> bool:
+        """Whether ``start_allreduce`` may start an allreduce of ``tensors`` from the caller's
+        thread: host tensors (a CUDA tensor's completion would need its streams' order kept)."""
+        return bool(tensors) and not any(is_device(t) for t in tensors)
+
+    def start_allreduce(self, comm, tensors, op: str, timeout) -> "Started | None":
+        """``allreduce`` without the communication thread: starts the allreduce of ``tensors`` now,
+        from the caller's thread, uncommitted, and returns it (``Started``: its step id, a callback
+        at its completion, and its watch, which is to run on the communication thread). None where
+        it cannot start here: the caller then queues ``allreduce``. It cannot when the inner group
+        for ``comm`` is not made yet (making it broadcasts over ``comm``, which only the
+        communication thread may call), or ``starts_inline`` says no.
+
+        The caller must have nothing of this plane or ``comm`` queued before it (so that the start
+        order on the inner group, and the step id, are the program's on every rank).
+        """
+        if not self.starts_inline(tensors):
+            return None
+        with self._lock:
+            if self._comm is not comm or self._group is None:
+                return None
+            group, watch = self._group, self._watch
+        step = comm.reserve_uncommitted_step()
+        fault.point(self.fault_point(tensors), comm.world_rank, step)
+        started = time.monotonic()
+        try:
+            works, failure = self._start_allreduce(group, tensors, op, timeout), None
+        except RuntimeError as error:
+            works, failure = [], str(error)
+        return Started(self, comm, step, works, failure, op, tensors, float(timeout), started, watch)
+
     def abort(self) -> None:
         """Ends this rank's part in the inner group after a local error (any thread): the other
         members give up on it now instead of at the deadline."""
@@ -142,24 +178,39 @@ class InnerGroupPlane:
         if point:
             fault.point(point, comm.world_rank, step)
         failure = self._run(group, start, comm, float(timeout))
-        if failure is not None:
-            # Nothing may keep the group alive (not even a traceback's frame): its connections
-            # close now, and the members still waiting on this rank in it fail too.
-            group = None  # noqa: F841
-            self.abort()
-            raise ProcFailedError(f"{self.name} data plane: {name} failed on world rank {comm.world_rank}: "
-                                  f"{failure}", step=step)
-        self.completed[name] += 1
+        # Nothing may keep the group alive on failure (not even a traceback's frame): its
+        # connections close in _outcome, and the members still waiting on this rank in it fail too.
+        group = None  # noqa: F841
+        error = self._outcome(comm, name, step, failure)
+        if error is not None:
+            raise error
+
+    def _outcome(self, comm, name: str, step: int, failure: str | None) -> ProcFailedError | None:
+        """Counts a collective that completed; aborts the group after one that failed
+        (``failure``: why) and returns its error."""
+        if failure is None:
+            self.completed[name] += 1
+            return None
+        self.abort()
+        return ProcFailedError(f"{self.name} data plane: {name} failed on world rank {comm.world_rank}: {failure}",
+                               step=step)
 
     def _run(self, group, start, comm, deadline_s: float) -> str | None:
         """Starts the collective and watches it (see the module). None when it succeeded, else why
         not, in words (a string: an exception would keep this frame, and with it the group, alive)."""
-        fence_after = liveness.fence_timeout()
-        peers = [w for w in comm.world_ranks if w != comm.world_rank]
-        watch = self._watch
+        started = time.monotonic()
         try:
             works = start(group)
-            started = time.monotonic()
+        except RuntimeError as error:
+            return str(error)
+        return self._watch_works(works, comm, deadline_s, started, self._watch)
+
+    def _watch_works(self, works, comm, deadline_s: float, started: float, watch: AbortWatch) -> str | None:
+        """Waits for ``works`` (started at ``started``, ``time.monotonic()``) until they end or the
+        control plane gives up on them: ``_run``'s verdict."""
+        fence_after = liveness.fence_timeout()
+        peers = [w for w in comm.world_ranks if w != comm.world_rank]
+        try:
             next_look = started + _LOOK_EVERY
             pause = self.first_pause
             for work in works:
@@ -240,6 +291,53 @@ class InnerGroupPlane:
         self._local_peers = []
         if group is not None and not aborted:
             self._abort_group(group)  # torch's rule: a group left behind is aborted, not destroyed
+
+
+class Started:
+    """An allreduce that ``InnerGroupPlane.start_allreduce`` started from the caller's thread.
+
+    Attributes:
+        step: the step id it is recorded under (``Communicator.reserve_uncommitted_step``).
+    """
+
+    def __init__(self, plane, comm, step, works, failure, op, tensors, timeout, started, watch):
+        self.step = step
+        self._plane, self._comm, self._works, self._failure = plane, comm, works, failure
+        self._op, self._tensors, self._timeout, self._started, self._watch = op, tensors, timeout, started, watch
+
+    def on_success(self, callback) -> None:
+        """Calls ``callback()`` once the allreduce completed well (on the transport's thread, or
+        at once if it already has), after the division of "avg"; never after a failure, which
+        ``watch`` reports."""
+        if self._failure is not None:
+            return
+        works = self._works
+        done = works[0].get_future() if len(works) == 1 else torch.futures.collect_all(
+            [w.get_future() for w in works])
+
+        def completed(future) -> None:
+            # Never Work.wait() here: a work is marked done only after its future's callbacks ran.
+            try:
+                for f in (future.value() if len(works) > 1 else [future]):
+                    f.value()  # raises the transport's error
+            except Exception:  # noqa: BLE001 - any error is the watch's to report
+                return
+            if self._op == "avg":
+                for t in self._tensors:
+                    t.div_(self._comm.size)
+            callback()
+
+        done.add_done_callback(completed)
+
+    def watch(self) -> ProcFailedError | None:
+        """Waits until the allreduce ends or the control plane gives up on it (see the module);
+        on the communication thread. Returns its error, after aborting the group on every member;
+        None when it completed."""
+        failure = self._failure
+        if failure is None:
+            failure = self._plane._watch_works(self._works, self._comm, self._timeout, self._started, self._watch)
+        self._works = None  # nothing of the group may outlive a failure here (see _collective)
+        return self._plane._outcome(self._comm, "allreduce", self.step, failure)
 
 
 def on_one_device(tensors) -> bool:

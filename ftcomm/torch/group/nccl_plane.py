@@ -56,6 +56,11 @@ class NcclPlane(InnerGroupPlane):
             return self._ring.allreduce(comm, tensors, op, timeout)
         return super().allreduce(comm, tensors, op, timeout)
 
+    def starts_inline(self, tensors) -> bool:
+        """False: host tensors take the ring, and a CUDA tensor's Work completing from NCCL's
+        thread would need its streams' order kept, which no GPU has checked yet."""
+        return False
+
     def allgather(self, comm, src, dst, timeout) -> None:
         """ZeRO's parameter allgather: host arrays, through ftcomm's ring."""
         self._ring.allgather(comm, src, dst, timeout)

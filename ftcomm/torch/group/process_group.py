@@ -398,7 +398,12 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         _check_devices(tensors, name)
         if StepCommit.applies(self.comm, tensors, self._plane):  # backward's buckets: one agreement per step
             # The plane moves them as they are, uncommitted, device tensors included (in their
-            # streams' order); the step's agreement commits them (step_commit.py).
+            # streams' order); the step's agreement commits them (step_commit.py). Started from
+            # this thread where the plane can, else queued.
+            started = None if self.joining else self._step_commit.start(self.comm, name, tensors, op, self._plane)
+            if started is not None:
+                return started
+
             def uncommitted(comm):
                 return self._plane.allreduce(comm, tensors, op, self._timeout)
 

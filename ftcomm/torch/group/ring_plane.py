@@ -20,6 +20,10 @@ class RingPlane:
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
         return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
 
+    def start_allreduce(self, comm, tensors, op: str, timeout) -> None:
+        """None: the ring runs on the communication thread (``InnerGroupPlane.start_allreduce``)."""
+        return None
+
     def allgather(self, comm, src, dst, timeout) -> None:
         comm.allgather(src, dst, timeout=timeout)
 

@@ -20,17 +20,25 @@ rank. Collectives issued outside backward (a user's allreduce of the loss), afte
 and outside a resilient step, commit on their own: their results are used as they come. An
 agreement that times out (a live rank late past the deadline under ``FTCOMM_LATE_RANK=raise``)
 raises ``CollectiveTimeoutError`` out of ``optimizer.step()``, as a committed allreduce would.
-``FTCOMM_STEP_COMMIT=0`` turns this off; so do the corruption guard's settings (their verdict
+Where the data plane can (an inner gloo group on host tensors: ``InnerGroupPlane.start_allreduce``)
+and nothing is queued before it, a bucket's allreduce is started from backward's own thread and
+its Work completes from the transport's thread, as a plain torch backend's would; only its watch
+runs on ftcomm's communication thread (``start``). ``FTCOMM_STEP_COMMIT=0`` turns this off; so do the corruption guard's settings (their verdict
 needs each collective's own commit agreement).
 """
 from __future__ import annotations
+
+import collections
+import threading
 
 import torch
 
 from ... import settings
 from ...core import fault
 from ...errors import CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError
+from .executor import EXECUTOR
 from .step_state import in_gradient_phase, pend_commit
+from .work import FtWork, completed_work, make_future
 
 
 class StepCommit:
@@ -42,6 +50,9 @@ class StepCommit:
 
     def __init__(self, group):
         self.group = group
+        self._lock = threading.Lock()  # start() runs in backward's thread, run() and watches on the communication thread
+        self._in_flight = collections.deque()  # started buckets not yet watched to their end
+        self._watching = False  # a watch task is queued or running (_watch_in_flight)
         self.comm = None    # the communicator this step's uncommitted collectives ran on
         self.error = None   # this rank's first failure among them
         self.name = None    # the collective, and the step id of its first call in this step:
@@ -63,25 +74,87 @@ class StepCommit:
         """Runs ``fn(comm)`` (the collective ``name``, an allreduce with ``commit=False`` that returns
         its step id) as part of the step's commit. After this rank's first failure in the step,
         later ones are skipped: their results are discarded with the voided step. InvalidInputError is uniform and raised as it is."""
-        if self.comm is None:
-            self.comm = comm
-            pend_commit(self.settle)
-        if self.error is not None or comm is not self.comm:
+        if not self._admits(comm):
             return
         try:
-            step = fn(comm)
+            step, error = fn(comm), None
         except InvalidInputError:
             raise
-        except FtError as error:
-            self.error, step = error, error.step
-        if self.name is None:
-            self.name, self.step = name, step
+        except FtError as failure:
+            step, error = failure.step, failure
+        self._note(name, step, error)
+
+    def start(self, comm, name: str, tensors, op: str, plane) -> FtWork | None:
+        """The bucket allreduce ``name`` of ``tensors``, started now from the caller's thread
+        (``plane.start_allreduce``) as part of the step's commit, when nothing is queued on the
+        communication thread before it. Returns its Work, which completes from the transport's
+        thread; its watch, and the report of a failure, are queued on the communication thread.
+        None when it cannot start here: the caller queues it through ``run``."""
+        if EXECUTOR.collectives_queued():
+            return None
+        if not self._admits(comm):
+            return completed_work(tensors, name)  # skipped after a failure, as in run
+        started = plane.start_allreduce(comm, tensors, op, self.group.timeout)
+        if started is None:
+            return None
+        self._note(name, started.step, None)
+        future = make_future()
+        once = threading.Lock()
+
+        def complete() -> None:  # on success from the transport's thread, and after the watch
+            if once.acquire(blocking=False):
+                future.set_result(tensors)
+
+        started.on_success(complete)
+        self._watch_later(name, started, complete)
+        return FtWork(future, name)
+
+    def _watch_later(self, name: str, started, complete) -> None:
+        """Queues the watch of ``started`` on the communication thread: one watch task for the
+        buckets in flight together (one wake of that thread per step, not per bucket)."""
+        with self._lock:
+            self._in_flight.append((name, started, complete))
+            if self._watching:
+                return
+            self._watching = True
+        EXECUTOR.submit(self._watch_in_flight, watch=True)
+
+    def _watch_in_flight(self) -> None:
+        """Watches the started buckets, oldest first, until none is left; notes a failure."""
+        while True:
+            with self._lock:
+                if not self._in_flight:
+                    self._watching = False
+                    return
+                name, started, complete = self._in_flight.popleft()
+            error = started.watch()
+            if error is not None:
+                self._note(name, started.step, error)
+            complete()
+
+    def _admits(self, comm) -> bool:
+        """Whether a collective on ``comm`` joins the step's commit (pending its agreement from the
+        first): not after this rank's first failure in the step, nor on an older communicator."""
+        with self._lock:
+            if self.comm is None:
+                self.comm = comm
+                pend_commit(self.settle)
+            return self.error is None and comm is self.comm
+
+    def _note(self, name: str, step: int, error) -> None:
+        """Records a collective of the step: the first one's name and step id, the first error."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+            if self.name is None:
+                self.name, self.step = name, step
 
     def settle(self) -> None:
         """The step's one agreement, on every rank, before the optimizer step: recovers the
         group's communicator and voids the step if any rank's part failed."""
-        comm, error, name, step = self.comm, self.error, self.name, self.step
-        self.comm = self.error = self.name = self.step = None
+        with self._lock:
+            comm, error, name, step = self.comm, self.error, self.name, self.step
+            self.comm = self.error = self.name = self.step = None
         if comm is None or comm is not self.group.comm:
             return  # a recovery earlier in the step, on every survivor: already voided
         fault.point("step_commit", comm.world_rank, step if step is not None else -1)
