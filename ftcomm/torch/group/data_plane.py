@@ -13,13 +13,16 @@ fails (or is made to fail) when a peer dies:
   the ring.
 
 The inner groups share their rendezvous, their watching of a collective and their abort
-(``inner_group.py``). A plane is one object per process group with five calls:
+(``inner_group.py``). A plane is one object per process group with six calls:
 
 - ``takes(tensors)``: whether it moves these tensors as they are (else the process group stages
   device tensors through host memory and commits each collective on its own);
 - ``fault_point(tensors)``: the ``ftcomm.fault`` point inside their allreduce (fault injection);
 - ``allreduce(comm, tensors, op, timeout)``: reduce the tensors it takes in place over ``comm``'s
   ranks, uncommitted, and return the step id the failure or success is reported at;
+- ``start_allreduce(comm, tensors, op, timeout)``: the same allreduce started from the caller's
+  thread, its watch left to the communication thread (``inner_group.Started``), or None where the
+  plane cannot (the ring: always; an inner group: before it is made, and for CUDA tensors);
 - ``allgather(comm, src, dst, timeout)``: gather every rank's 1-D numpy ``src`` into ``dst`` in
   rank order, uncommitted (ZeRO's parameter allgather: ``ShardedOptimizer(data_plane=...)``);
 - ``abort()``: after a local error, end this rank's part so that peers waiting on it fail now.

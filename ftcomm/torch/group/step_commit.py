@@ -23,8 +23,9 @@ raises ``CollectiveTimeoutError`` out of ``optimizer.step()``, as a committed al
 Where the data plane can (an inner gloo group on host tensors: ``InnerGroupPlane.start_allreduce``)
 and nothing is queued before it, a bucket's allreduce is started from backward's own thread and
 its Work completes from the transport's thread, as a plain torch backend's would; only its watch
-runs on ftcomm's communication thread (``start``). ``FTCOMM_STEP_COMMIT=0`` turns this off; so do the corruption guard's settings (their verdict
-needs each collective's own commit agreement).
+runs on ftcomm's communication thread (``start``). ``FTCOMM_STEP_COMMIT=0`` turns the step commit
+off; so do the corruption guard's settings (their verdict needs each collective's own commit
+agreement).
 """
 from __future__ import annotations
 
