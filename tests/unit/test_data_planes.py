@@ -129,3 +129,27 @@ def test_the_step_commit_starts_a_bucket_only_with_nothing_queued_before_it():
     assert other.start(comm, "allreduce", bucket, "sum", failing).is_completed() and len(failing.started) == 1
     with step_state.STATE.lock:
         step_state.STATE.pending_commits.clear()  # the two StepCommits above settle nothing here
+
+
+def test_a_watch_that_breaks_counts_as_a_failure_and_completes_the_work():
+    from ftcomm.errors import ProcFailedError
+    from ftcomm.torch.group import step_state
+    from ftcomm.torch.group.executor import EXECUTOR
+    from ftcomm.torch.group.step_commit import StepCommit
+
+    class Broken(_FakeStarted):
+        def watch(self):
+            raise KeyError("the liveness table is gone")
+
+    class Plane(_FakePlane):
+        def start_allreduce(self, comm, tensors, op, timeout):
+            self.started.append(Broken(20, None))
+            return self.started[-1]
+
+    commit, plane, bucket = StepCommit(group=type("G", (), {"timeout": 5.0})()), Plane(), [torch.ones(2)]
+    work = commit.start(object(), "allreduce", bucket, "sum", plane)
+    assert EXECUTOR.drain(10) and work.is_completed() and work.exception() is None
+    assert isinstance(commit.error, ProcFailedError) and "liveness table" in str(commit.error)
+    assert commit.error.step == 20 and not commit._watching  # the next step's buckets get a watch again
+    with step_state.STATE.lock:
+        step_state.STATE.pending_commits.clear()

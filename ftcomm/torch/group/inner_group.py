@@ -312,13 +312,14 @@ class Started:
         if self._failure is not None:
             return
         works = self._works
-        done = works[0].get_future() if len(works) == 1 else torch.futures.collect_all(
-            [w.get_future() for w in works])
+        many = len(works) > 1  # the callback keeps no work (nor its group's connections) alive
+        done = torch.futures.collect_all([w.get_future() for w in works]) if many else works[0].get_future()
+        del works
 
         def completed(future) -> None:
             # Never Work.wait() here: a work is marked done only after its future's callbacks ran.
             try:
-                for f in (future.value() if len(works) > 1 else [future]):
+                for f in (future.value() if many else [future]):
                     f.value()  # raises the transport's error
             except Exception:  # noqa: BLE001 - any error is the watch's to report
                 return

@@ -128,7 +128,10 @@ class StepCommit:
                     self._watching = False
                     return
                 name, started, complete = self._in_flight.popleft()
-            error = started.watch()
+            try:
+                error = started.watch()
+            except Exception as broken:  # noqa: BLE001 - this thread must go on, and the Work complete
+                error = ProcFailedError(f"the watch of {name} failed: {broken!r}", step=started.step)
             if error is not None:
                 self._note(name, started.step, error)
             complete()
