@@ -108,9 +108,7 @@ class InnerGroupPlane:
                          lambda group: self._start_allreduce(group, tensors, op, timeout),
                          point=self.fault_point(tensors),
                          device=tensors[0].device if tensors else None)
-        if op == "avg":
-            for t in tensors:
-                t.div_(comm.size)
+        finish_avg(op, tensors, comm.size)
         return step
 
     def starts_inline(self, tensors) -> bool:
@@ -323,9 +321,7 @@ class Started:
                     f.value()  # raises the transport's error
             except Exception:  # noqa: BLE001 - any error is the watch's to report
                 return
-            if self._op == "avg":
-                for t in self._tensors:
-                    t.div_(self._comm.size)
+            finish_avg(self._op, self._tensors, self._comm.size)
             callback()
 
         done.add_done_callback(completed)
@@ -339,6 +335,13 @@ class Started:
             failure = self._plane._watch_works(self._works, self._comm, self._timeout, self._started, self._watch)
         self._works = None  # nothing of the group may outlive a failure here (see _collective)
         return self._plane._outcome(self._comm, "allreduce", self.step, failure)
+
+
+def finish_avg(op: str, tensors, size: int) -> None:
+    """After a reduction done as a sum for "avg" (``REDUCE_OPS``): divides ``tensors`` by ``size``."""
+    if op == "avg":
+        for t in tensors:
+            t.div_(size)
 
 
 def on_one_device(tensors) -> bool:
