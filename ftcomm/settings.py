@@ -71,9 +71,10 @@ def _flag(text: str) -> bool:
 
 def _word(choices: tuple) -> Callable[[str], str]:
     def parse(text: str) -> str:
-        if text not in choices:
+        word = text.strip().lower()  # "NCCL" as torch's backend names are written, too
+        if word not in choices:
             raise ValueError(f"must be one of {', '.join(choices)}")
-        return text
+        return word
 
     return parse
 

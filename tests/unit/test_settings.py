@@ -34,6 +34,12 @@ def test_bad_value_names_the_variable(monkeypatch, name, value, why):
         settings.SETTINGS[name].get()
 
 
+@pytest.mark.parametrize("text", ["gloo", "GLOO", " Gloo "])
+def test_a_word_setting_takes_any_case(monkeypatch, text):
+    monkeypatch.setenv("FTCOMM_DATA_PLANE", text)
+    assert settings.data_plane() == "gloo"
+
+
 def test_raise_policy(monkeypatch):
     monkeypatch.setenv("FTCOMM_LATE_RANK", "raise")
     assert settings.late_rank_fence() is False
