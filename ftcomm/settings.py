@@ -243,10 +243,12 @@ def step_commit() -> bool:
 
 def buckets_on_data_plane() -> bool:
     """Whether a resilient step's gradient buckets go through FTCOMM_DATA_PLANE's plane: the step
-    commit is on (``FTCOMM_STEP_COMMIT``) and the corruption guard off (``FTCOMM_CHECKSUMS``,
-    ``FTCOMM_FINGERPRINTS``: its verdict rides in each ring allreduce's own agreement). Otherwise
-    each bucket is committed on its own by ftcomm's ring."""
-    return step_commit() and not checksums() and not fingerprints()
+    commit is on (``FTCOMM_STEP_COMMIT``), the transit guard off (``FTCOMM_CHECKSUMS``: it checks
+    the ring's chunks in each ring allreduce's own agreement), and, on the ring plane, the result
+    fingerprints off too (``FTCOMM_FINGERPRINTS``: the ring compares them in each allreduce's own
+    agreement, with the transit guard; the gloo and NCCL planes compare them in the step's
+    agreement). Otherwise each bucket is committed on its own by ftcomm's ring."""
+    return step_commit() and not checksums() and (not fingerprints() or data_plane() != "ring")
 
 
 def data_plane() -> str:

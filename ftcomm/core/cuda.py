@@ -59,7 +59,8 @@ def data_plane_status(cuda: bool | None = None) -> str:
     """Which data plane the torch backend's collectives take, and why, in words
     (``FTCOMM_DATA_PLANE``, docs/GPU.md): a resilient step's gradient buckets go through ftcomm's
     ring, an inner gloo group, or (CUDA tensors) an inner NCCL group where torch has NCCL and a
-    device; the ring whenever the corruption guard is on. Every other collective goes through
+    device; the ring whenever the transit guard is on (and the result fingerprints, on the ring
+    plane; the other planes compare them in the step's agreement). Every other collective goes through
     ftcomm's ring, CUDA tensors staged through page-locked host memory (Open MPI's fault-tolerant
     transports take no device memory). The CUDA part is said when ``cuda`` (default
     ``cuda_available()``) or under "nccl"."""
@@ -67,15 +68,19 @@ def data_plane_status(cuda: bool | None = None) -> str:
     setting = f"FTCOMM_DATA_PLANE={name}"
     host_plane = "an inner gloo group" if name == "gloo" else "ftcomm's ring"
     if not settings.buckets_on_data_plane():
-        why = ("the corruption guard (FTCOMM_CHECKSUMS, FTCOMM_FINGERPRINTS) needs the ring's own agreements"
-               if settings.step_commit() else "FTCOMM_STEP_COMMIT=0 commits each bucket on its own")
-        buckets = f"gradient buckets go through ftcomm's ring, not the {setting} plane: {why}"
+        why = ("the corruption guard (FTCOMM_CHECKSUMS, or FTCOMM_FINGERPRINTS on the ring plane) needs the "
+               "ring's own agreements" if settings.step_commit() else "FTCOMM_STEP_COMMIT=0 commits each bucket on its own")
+        instead = "" if name == "ring" else f", not the {setting} plane"
+        buckets = f"gradient buckets go through ftcomm's ring, each committed on its own{instead}: {why}"
         device_plane = None
     else:
         device_plane = {"ring": "are staged through page-locked host memory to ftcomm's ring",
                         "gloo": "go through the inner gloo group as they are (gloo copies them through host memory)",
                         "nccl": _nccl_words()}[name]
         buckets = f"gradient buckets on host tensors go through {host_plane} ({setting})"
+        if settings.fingerprints():
+            buckets += (", their result fingerprints compared in the step's agreement (FTCOMM_FINGERPRINTS=1; "
+                        "no transit checksums)")
     parts = [f"data plane: a resilient step's {buckets}"]
     if device_plane and ((cuda_available() if cuda is None else cuda) or name == "nccl"):
         parts.append(f"on CUDA tensors they {device_plane}")

@@ -70,16 +70,30 @@ def test_cuda_status_names_the_data_plane_and_why(monkeypatch, plane, named, on_
     assert "other collectives go through ftcomm's ring (CUDA tensors staged" in with_cuda
 
 
-@pytest.mark.parametrize("guard", ["FTCOMM_CHECKSUMS", "FTCOMM_FINGERPRINTS"])
-def test_cuda_status_says_the_corruption_guard_keeps_the_buckets_on_the_ring(monkeypatch, guard):
+@pytest.mark.parametrize("guard,plane", [("FTCOMM_CHECKSUMS", "gloo"), ("FTCOMM_FINGERPRINTS", "ring")])
+def test_cuda_status_says_the_corruption_guard_keeps_the_buckets_on_the_ring(monkeypatch, guard, plane):
+    from ftcomm.core import cuda
+
+    monkeypatch.setenv("FTCOMM_DATA_PLANE", plane)
+    monkeypatch.setenv(guard, "1")
+    assert settings.buckets_on_data_plane() is False
+    status = cuda.data_plane_status(cuda=False)
+    instead = ", not the FTCOMM_DATA_PLANE=gloo plane" if plane == "gloo" else ""
+    assert f"gradient buckets go through ftcomm's ring, each committed on its own{instead}: the corruption guard" in status
+    host_plane = "an inner gloo group" if plane == "gloo" else "ftcomm's ring"
+    assert f"ZeRO's parameter allgather goes through {host_plane}" in status
+    assert "on CUDA tensors" not in status
+
+
+def test_cuda_status_says_fingerprints_ride_in_the_step_agreement_on_the_gloo_plane(monkeypatch):
     from ftcomm.core import cuda
 
     monkeypatch.setenv("FTCOMM_DATA_PLANE", "gloo")
-    monkeypatch.setenv(guard, "1")
-    status = cuda.data_plane_status(cuda=False)
-    assert "gradient buckets go through ftcomm's ring, not the FTCOMM_DATA_PLANE=gloo plane: the corruption guard" in status
-    assert "ZeRO's parameter allgather goes through an inner gloo group" in status
-    assert "on CUDA tensors" not in status
+    monkeypatch.setenv("FTCOMM_FINGERPRINTS", "1")
+    monkeypatch.delenv("FTCOMM_CHECKSUMS", raising=False)
+    assert settings.buckets_on_data_plane() is True
+    assert ("gradient buckets on host tensors go through an inner gloo group (FTCOMM_DATA_PLANE=gloo), their result "
+            "fingerprints compared in the step's agreement") in cuda.data_plane_status(cuda=False)
 
 
 def test_cuda_status_says_per_bucket_commits_keep_the_buckets_on_the_ring(monkeypatch):
@@ -88,5 +102,5 @@ def test_cuda_status_says_per_bucket_commits_keep_the_buckets_on_the_ring(monkey
     monkeypatch.setenv("FTCOMM_DATA_PLANE", "gloo")
     monkeypatch.setenv("FTCOMM_STEP_COMMIT", "0")
     assert settings.buckets_on_data_plane() is False
-    assert ("gradient buckets go through ftcomm's ring, not the FTCOMM_DATA_PLANE=gloo plane: FTCOMM_STEP_COMMIT=0 "
-            "commits each bucket on its own") in cuda.data_plane_status(cuda=True)
+    assert ("gradient buckets go through ftcomm's ring, each committed on its own, not the FTCOMM_DATA_PLANE=gloo "
+            "plane: FTCOMM_STEP_COMMIT=0 commits each bucket on its own") in cuda.data_plane_status(cuda=True)

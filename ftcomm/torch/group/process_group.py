@@ -407,7 +407,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             def uncommitted(comm):
                 return self._plane.allreduce(comm, tensors, op, self._timeout)
 
-            return self._submit(name, tensors, lambda comm: self._step_commit.run(comm, name, uncommitted),
+            return self._submit(name, tensors, lambda comm: self._step_commit.run(comm, name, uncommitted, tensors),
                                 uniform=True, staging=Staging(inout=tensors, copy=False))
         staging = Staging(inout=tensors)
 

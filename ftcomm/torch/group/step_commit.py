@@ -23,9 +23,11 @@ raises ``CollectiveTimeoutError`` out of ``optimizer.step()``, as a committed al
 Where the data plane can (an inner gloo group on host tensors: ``InnerGroupPlane.start_allreduce``)
 and nothing is queued before it, a bucket's allreduce is started from backward's own thread and
 its Work completes from the transport's thread, as a plain torch backend's would; only its watch
-runs on ftcomm's communication thread (``start``). ``FTCOMM_STEP_COMMIT=0`` turns the step commit
-off; so do the corruption guard's settings (their verdict needs each collective's own commit
-agreement).
+runs on ftcomm's communication thread (``start``). With ``FTCOMM_FINGERPRINTS=1`` on the gloo and
+NCCL planes, a fingerprint of each rank's bucket results rides in the agreement, and results that
+differ void the step with no shrink (``step_fingerprints.py``). ``FTCOMM_STEP_COMMIT=0`` turns the
+step commit off; so do the transit guard (``FTCOMM_CHECKSUMS``) and, on the ring plane, the
+fingerprints (their verdict needs each ring allreduce's own commit agreement).
 """
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ from ... import settings
 from ...core import fault
 from ...errors import CollectiveTimeoutError, FtError, InvalidInputError, ProcFailedError
 from .executor import EXECUTOR
-from .step_state import in_gradient_phase, pend_commit
+from .step_fingerprints import (COMPLETED, StepFingerprints, agreement_flag, check_same_setting, committed,
+                                fingerprints_equal, results_differ)
+from .step_state import in_gradient_phase, pend_commit, void_current_step
 from .work import FtWork, completed_work, make_future
 
 
@@ -58,6 +62,7 @@ class StepCommit:
         self.error = None   # this rank's first failure among them
         self.name = None    # the collective, and the step id of its first call in this step:
         self.step = None    # what a recovery is reported at, the same on every rank
+        self.results = StepFingerprints()  # the buckets whose results the agreement compares
 
     @staticmethod
     def applies(comm, tensors, plane) -> bool:
@@ -66,15 +71,16 @@ class StepCommit:
         backward, commits on its own, so that its value is the same on every rank even in a voided
         step) of a resilient step before its optimizer step, on tensors that the data ``plane``
         moves as they are (device tensors it does not take are staged, and commit on their own),
-        on a ULFM communicator, with the guard off. The same on every rank (the settings must be;
-        the rest is the training loop's)."""
+        on a ULFM communicator, as the settings allow (``settings.buckets_on_data_plane``). The
+        same on every rank (the settings must be; the rest is the training loop's)."""
         return (comm.ft_enabled and torch._C._current_graph_task_id() >= 0 and in_gradient_phase()
                 and settings.buckets_on_data_plane() and plane.takes(tensors))
 
-    def run(self, comm, name: str, fn) -> None:
-        """Runs ``fn(comm)`` (the collective ``name``, an allreduce with ``commit=False`` that returns
-        its step id) as part of the step's commit. After this rank's first failure in the step,
-        later ones are skipped: their results are discarded with the voided step. InvalidInputError is uniform and raised as it is."""
+    def run(self, comm, name: str, fn, tensors) -> None:
+        """Runs ``fn(comm)`` (the collective ``name``, an allreduce of ``tensors`` with
+        ``commit=False`` that returns its step id) as part of the step's commit. After this rank's
+        first failure in the step, later ones are skipped: their results are discarded with the
+        voided step. InvalidInputError is uniform and raised as it is."""
         if not self._admits(comm):
             return
         try:
@@ -83,7 +89,7 @@ class StepCommit:
             raise
         except FtError as failure:
             step, error = failure.step, failure
-        self._note(name, step, error)
+        self._note(name, step, error, tensors)
 
     def start(self, comm, name: str, tensors, op: str, plane) -> FtWork | None:
         """The bucket allreduce ``name`` of ``tensors``, started now from the caller's thread
@@ -98,7 +104,7 @@ class StepCommit:
         started = plane.start_allreduce(comm, tensors, op, self.group.timeout)
         if started is None:
             return None
-        self._note(name, started.step, None)
+        self._note(name, started.step, None, tensors)
         future = make_future()
         once = threading.Lock()
 
@@ -145,37 +151,63 @@ class StepCommit:
                 pend_commit(self.settle)
             return self.error is None and comm is self.comm
 
-    def _note(self, name: str, step: int, error) -> None:
-        """Records a collective of the step: the first one's name and step id, the first error."""
+    def _note(self, name: str, step: int, error, tensors=None) -> None:
+        """Records a collective of the step: the first one's name and step id, the first error, and
+        (``tensors``, with FTCOMM_FINGERPRINTS) the buckets whose results the agreement compares."""
         with self._lock:
             if self.error is None:
                 self.error = error
             if self.name is None:
                 self.name, self.step = name, step
+            if tensors is not None and error is None and settings.fingerprints():
+                self.results.add(step, tensors)
 
     def settle(self) -> None:
         """The step's one agreement, on every rank, before the optimizer step: recovers the
-        group's communicator and voids the step if any rank's part failed."""
+        group's communicator and voids the step if any rank's part failed; with FTCOMM_FINGERPRINTS,
+        voids it (no shrink) if the ranks' results differ (``step_fingerprints.py``)."""
         with self._lock:
-            comm, error, name, step = self.comm, self.error, self.name, self.step
+            comm, error, name, step, results = self.comm, self.error, self.name, self.step, self.results
             self.comm = self.error = self.name = self.step = None
+            self.results = StepFingerprints()
         if comm is None or comm is not self.group.comm:
             return  # a recovery earlier in the step, on every survivor: already voided
         fault.point("step_commit", comm.world_rank, step if step is not None else -1)
+        guarded = settings.fingerprints()
+        fp = results.take(comm.world_rank) if guarded and error is None else None
         try:
-            ok = comm.agree(0 if error is not None else 1, timeout=self.group.timeout)
+            agreed = comm.agree(agreement_flag(error is None, guarded, fp), timeout=self.group.timeout)
         except CollectiveTimeoutError as late:
             # A live rank never arrived: no outcome can be uniform, so no recovery either (as a
             # committed allreduce's agreement that times out). Raised out of optimizer.step().
             raise CollectiveTimeoutError(f"the step agreement over the uncommitted {name} calls did not complete: "
                                          f"{late}", failed_ranks=late.failed_ranks, step=step) from error
         except FtError as failed:  # failures kept arriving during the agreement
-            ok, error = 0, error or failed
-        if ok:
-            comm.commit_uncommitted()  # the step ids, as each bucket's own commit would have
+            agreed, error = 0, error or failed
+        if not agreed & COMPLETED:
+            self._recover_or_raise(comm, name, step, error)
             return
+        try:
+            check_same_setting(comm, agreed, step, self.group.timeout)
+            if not guarded or fingerprints_equal(agreed):
+                comm.commit_uncommitted()  # the step ids, as each bucket's own commit would have
+                if guarded:
+                    committed()
+                return
+            give_up = results_differ(comm, name, step, fp, self.group.timeout)
+        except InvalidInputError:
+            raise
+        except FtError as failed:  # a rank failed during the naming round
+            self._recover_or_raise(comm, name, step, failed)
+            return
+        void_current_step()  # redone from its batch on the same communicator
+        if give_up is not None:
+            raise give_up
+
+    def _recover_or_raise(self, comm, name: str, step, error) -> None:
+        """Some rank's part of the step failed: recovers the group's communicator (the step is
+        voided and redone), or raises outside a resilient step."""
         failure = ProcFailedError(f"the step's uncommitted {name} calls did not complete on every rank", step=step)
         failure.__cause__ = error
         if not self.group._recover(comm, name, failure):
             raise failure
-
