@@ -102,6 +102,17 @@ class JobResult:
                 out[r["world_rank"]] = r
         return out
 
+    def survivors_of_a_fencing(self, fenced: int, n: int) -> dict:
+        """The final reports (``kind="final"``) of an n-rank DDP job in which world rank ``fenced``
+        fenced itself: asserts that the job ended well, said so, and every other rank reported at
+        world size n - 1."""
+        assert self.returncode == 0, self.describe()
+        finals = self.by_rank(kind="final")
+        assert sorted(finals) == [r for r in range(n) if r != fenced], self.describe()
+        assert f"world rank {fenced} fences itself" in self.stderr
+        assert all(rep["size"] == n - 1 for rep in finals.values())
+        return finals
+
     def describe(self) -> str:
         return f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
 
