@@ -20,6 +20,9 @@ around its steps on every rank) and reports what the step-level commit saves aga
 ``--gloo-plane`` adds a replica on a second ftcomm group whose buckets go through an inner gloo
 group (FTCOMM_DATA_PLANE=gloo when it is made, ftcomm/torch/group/gloo_plane.py) under ftcomm's
 control plane (one agreement per step): against plain gloo, that is the control plane's whole cost.
+``--fingerprints`` (with ``--gloo-plane``) adds a replica on that group whose steps run with the
+result fingerprints on (FTCOMM_FINGERPRINTS set around its steps; ftcomm/torch/group/step_fingerprints.py)
+and reports their cost against the gloo plane without them.
 
     python benchmarks/ddp.py                      # 2 and 4 ranks, prints a table, writes results/
     python benchmarks/ddp.py --ranks 2 --hidden 2048 --rounds 10
@@ -27,6 +30,7 @@ control plane (one agreement per step): against plain gloo, that is the control 
     python benchmarks/ddp.py --per-bucket         # also one commit per bucket (the step commit's gain)
     python benchmarks/ddp.py --checksums --hidden 2048 --layers 3   # the transit guard's cost, 10M parameters
     python benchmarks/ddp.py --gloo-plane         # gloo as the data plane under ftcomm's control plane
+    python benchmarks/ddp.py --gloo-plane --fingerprints   # and the result fingerprints' cost on it
 
 Writes results/ddp-<time>.json (the directory is git-ignored).
 """
@@ -59,9 +63,14 @@ def parse_args(argv=None):
     p.add_argument("--checksums", action="store_true", help="also time ftcomm with the allreduce's transit guard")
     p.add_argument("--per-bucket", action="store_true", help="also time ftcomm with one commit per bucket")
     p.add_argument("--gloo-plane", action="store_true", help="also time ftcomm with gloo as its data plane")
+    p.add_argument("--fingerprints", action="store_true",
+                   help="with --gloo-plane: also time the gloo plane with the result fingerprints on")
     p.add_argument("--out", help="JSON output path (default results/ddp-<time>.json)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # inside the MPI job: write results here
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.fingerprints and not args.gloo_plane:
+        p.error("--fingerprints times the gloo plane with the fingerprints on: add --gloo-plane")
+    return args
 
 
 def worker(args) -> None:
@@ -98,6 +107,8 @@ def worker(args) -> None:
         os.environ["FTCOMM_DATA_PLANE"] = "gloo"
         groups["ftcomm/gloo-plane"] = dist.new_group(backend="ftcomm")
         os.environ["FTCOMM_DATA_PLANE"] = "ring"
+        if args.fingerprints:
+            groups["ftcomm/gloo-plane+fingerprints"] = groups["ftcomm/gloo-plane"]
     replicas = {}
     for name, group in groups.items():
         model = DDP(make_model(), process_group=group)
@@ -123,6 +134,7 @@ def worker(args) -> None:
         # the settings are read at each allreduce; every rank sets them for the same replica's steps
         os.environ["FTCOMM_CHECKSUMS"] = "1" if name == "ftcomm+checksums" else "0"
         os.environ["FTCOMM_STEP_COMMIT"] = "0" if name == "ftcomm-per-bucket" else "1"
+        os.environ["FTCOMM_FINGERPRINTS"] = "1" if name == "ftcomm/gloo-plane+fingerprints" else "0"
         batches = DataLoader(TensorDataset(x.expand(steps, *x.shape), y.expand(steps, *y.shape)), batch_size=None)
         t0 = time.perf_counter()
         for xb, yb in (batches if name == "compute" else resilient(batches)):
@@ -160,6 +172,9 @@ def worker(args) -> None:
         if args.gloo_plane:  # per round, as above: the control plane's cost over plain gloo
             result["gloo_plane_cost"] = statistics.median(
                 a / b for a, b in zip(result["ftcomm/gloo-plane_s"], result["gloo_s"])) - 1
+        if args.fingerprints:
+            result["fingerprints_cost"] = statistics.median(
+                a / b for a, b in zip(result["ftcomm/gloo-plane+fingerprints_s"], result["ftcomm/gloo-plane_s"])) - 1
         if args.per_bucket:
             result["per_bucket_ratio"] = result["ftcomm-per-bucket_median_s"] / result["gloo_median_s"]
             result["step_commit_gain"] = 1 - statistics.median(
@@ -185,7 +200,8 @@ def main(argv=None) -> int:
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)] + \
                 (["--grad-outliers"] if args.grad_outliers else []) + (["--checksums"] if args.checksums else []) + \
-                (["--per-bucket"] if args.per_bucket else []) + (["--gloo-plane"] if args.gloo_plane else [])
+                (["--per-bucket"] if args.per_bucket else []) + (["--gloo-plane"] if args.gloo_plane else []) + \
+                (["--fingerprints"] if args.fingerprints else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 60)
             if proc.returncode != 0 or not out.exists():
                 print(f"job with {n} ranks failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
@@ -196,7 +212,8 @@ def main(argv=None) -> int:
           + (f" {'+norms ms':>10} {'cost':>6}" if args.grad_outliers else "")
           + (f" {'+checksums ms':>13} {'cost':>6}" if args.checksums else "")
           + (f" {'per-bucket ms':>13} {'ratio':>6} {'gain':>6}" if args.per_bucket else "")
-          + (f" {'gloo plane ms':>13} {'vs gloo':>7}" if args.gloo_plane else ""))
+          + (f" {'gloo plane ms':>13} {'vs gloo':>7}" if args.gloo_plane else "")
+          + (f" {'+fingerprints ms':>16} {'cost':>6}" if args.fingerprints else ""))
     for r in rows:
         print(f"{r['ranks']:>5} {r['params']:>9} {r['grad_mib']:>8.1f} {r['ftcomm_median_s'] * 1e3:>10.2f} "
               f"{r['gloo_median_s'] * 1e3:>9.2f} {r['ratio']:>5.2f}x"
@@ -205,7 +222,9 @@ def main(argv=None) -> int:
               + (f" {r['ftcomm+checksums_median_s'] * 1e3:>13.2f} {r['checksums_cost']:>+6.1%}" if args.checksums else "")
               + (f" {r['ftcomm-per-bucket_median_s'] * 1e3:>13.2f} {r['per_bucket_ratio']:>5.2f}x"
                  f" {r['step_commit_gain']:>+6.1%}" if args.per_bucket else "")
-              + (f" {r['ftcomm/gloo-plane_median_s'] * 1e3:>13.2f} {r['gloo_plane_cost']:>+7.1%}" if args.gloo_plane else ""))
+              + (f" {r['ftcomm/gloo-plane_median_s'] * 1e3:>13.2f} {r['gloo_plane_cost']:>+7.1%}" if args.gloo_plane else "")
+              + (f" {r['ftcomm/gloo-plane+fingerprints_median_s'] * 1e3:>16.2f} {r['fingerprints_cost']:>+6.1%}"
+                 if args.fingerprints else ""))
     path = Path(args.out) if args.out else REPO / "results" / f"ddp-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host_cpus": os.cpu_count(), "torch_threads": 1, "runs": rows}, indent=1))

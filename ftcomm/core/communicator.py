@@ -156,6 +156,13 @@ class Communicator:
             self.set_ledger(self._uncommitted_step)
         return self.last_committed_step
 
+    def void_uncommitted(self) -> None:
+        """Frees the step ids of the uncommitted collectives since the last commit, once the
+        caller's agreement voided them on every rank (their results are discarded): the redo runs
+        under the same ids, as a step voided by a failure does. Local; call it on every rank after
+        the same agreement."""
+        self._uncommitted_step = -1
+
     def _deadline(self, timeout) -> float:
         """A call's deadline in seconds: its own ``timeout``, else this communicator's, else
         FTCOMM_TIMEOUT."""

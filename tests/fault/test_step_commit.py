@@ -26,6 +26,7 @@ def test_uncommitted_results_step_ids_and_bad_input():
         assert "needs a committed step" in rep["bad"]["guard"], rep
         assert "commit off" in rep["bad"]["mixed"] and "commit on" in rep["bad"]["mixed"], rep
         assert rep["unchanged"] is True and rep["last"] == 3, rep
+        assert rep["voided"] == [4, 5] and rep["redo"] == 4, rep  # a voided step's redo keeps its ids
     assert len({rep["bad"]["mixed"] for rep in reports.values()}) == 1, "the error differs between ranks"
 
 

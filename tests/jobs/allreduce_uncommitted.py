@@ -2,7 +2,8 @@
 
 Mode "clean": three uncommitted allreduces of a bucket (results against the numpy reference,
 step ids advancing, the ledger untouched until ``commit_uncommitted``), then bad input: the
-corruption guard with commit=False, and one rank passing commit=True while the others pass False.
+corruption guard with commit=False, and one rank passing commit=True while the others pass False;
+then two uncommitted allreduces voided (``void_uncommitted``) and the redo's step id.
 Mode "kill": FTCOMM_FAULT kills a rank inside the second of three uncommitted allreduces; each
 survivor notes its own outcome, all agree, recover, and redo the three on the survivors.
 Usage: allreduce_uncommitted.py MODE COUNT
@@ -59,8 +60,13 @@ if mode == "clean":
             bad[name] = "no error"
         except ftcomm.InvalidInputError as exc:
             bad[name] = str(exc)
+    # two more, voided by the caller's agreement: the redo takes the first one's id again
+    voided = [comm.allreduce(rank_input(world_rank, 64, "float32", "sum", seed=k), commit=False) for k in (6, 7)]
+    comm.void_uncommitted()
+    redo = comm.allreduce(rank_input(world_rank, 64, "float32", "sum", seed=6), commit=False)
     report(error=error, exact=exact(results, comm), steps=steps, ledger_before=ledger_before, agreed=ok,
-           committed=committed, bad=bad, unchanged=digest(buf) == before, last=comm.last_committed_step)
+           committed=committed, bad=bad, unchanged=digest(buf) == before, last=comm.last_committed_step,
+           voided=voided, redo=redo)
 else:
     results, steps, error = three_steps(comm)
     agreed = comm.agree(1 if error is None else 0)

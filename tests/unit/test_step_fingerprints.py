@@ -48,7 +48,8 @@ class _Comm:
     def __init__(self, size=3, odd=None):
         self.world_rank, self.rank, self.size = 0, 0, size
         self.world_ranks = list(range(size))
-        self.odd, self.committed = odd, 0
+        self.odd, self.committed, self.voided = odd, 0, 0
+        self.recovered = []  # the failures the group recovered from
 
     def agree(self, flag, timeout=None):
         other = flag ^ (1 << 3) ^ (1 << 17)  # the lowest fingerprint bit and its complement
@@ -61,6 +62,9 @@ class _Comm:
 
     def commit_uncommitted(self):
         self.committed += 1
+
+    def void_uncommitted(self):
+        self.voided += 1
 
 
 @pytest.fixture
@@ -75,7 +79,8 @@ def fingerprints_on(monkeypatch):
 
 def _step(comm, step_id):
     """One step of one bucket, settled; whether it was voided."""
-    group = type("G", (), {"timeout": 5.0, "comm": comm})()
+    group = type("G", (), {"timeout": 5.0, "comm": comm,
+                           "_recover": lambda self, c, name, failure: comm.recovered.append(failure) or True})()
     commit = StepCommit(group)
     commit.run(comm, "allreduce", lambda c: step_id, [torch.arange(6, dtype=torch.float32)])
     commit.settle()
@@ -94,9 +99,12 @@ def test_equal_results_commit_and_a_rank_whose_result_differs_voids_the_step_the
     assert (event.step, event.ranks, event.checked, event.action) == (2, [2], "result fingerprints", "redone")
     comm.odd = None
     assert not _step(comm, 3) and comm.committed == 2
-    comm.odd = 2  # the same rank again within the window: fenced (it kills itself; this rank goes on)
-    assert _step(comm, 4)
+    assert comm.voided == 1 and comm.recovered == []  # the redo keeps the step ids; no shrink
+    comm.odd = 2  # the same rank again within the window: fenced (it kills itself; this rank
+    assert _step(comm, 4)  # recovers without it at once)
     assert corruptions()[-1].action.startswith("fenced world ranks [2]") and len(corruptions()) == before + 2
+    (failure,) = comm.recovered
+    assert failure.failed_ranks == [2] and failure.step == 4 and "fenced" in str(failure)
 
 
 def test_results_that_differ_without_a_majority_raise_on_the_third_step_in_a_row(fingerprints_on):

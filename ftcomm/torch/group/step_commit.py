@@ -185,7 +185,7 @@ class StepCommit:
         except FtError as failed:  # failures kept arriving during the agreement
             agreed, error = 0, error or failed
         if not agreed & COMPLETED:
-            self._recover_or_raise(comm, name, step, error)
+            self._recover_or_raise(comm, name, _incomplete(name, step, error))
             return
         try:
             check_same_setting(comm, agreed, step, self.group.timeout)
@@ -194,20 +194,32 @@ class StepCommit:
                 if guarded:
                     committed()
                 return
-            give_up = results_differ(comm, name, step, fp, self.group.timeout)
+            voided = results_differ(comm, name, step, fp, self.group.timeout)
         except InvalidInputError:
             raise
         except FtError as failed:  # a rank failed during the naming round
-            self._recover_or_raise(comm, name, step, failed)
+            self._recover_or_raise(comm, name, _incomplete(name, step, failed))
             return
-        void_current_step()  # redone from its batch on the same communicator
-        if give_up is not None:
-            raise give_up
+        void_current_step()  # redone from its batch
+        comm.void_uncommitted()  # under the same step ids, as after a failure
+        if voided.fenced:
+            # The odd rank out killed itself: recover without it now, so that no code between this
+            # step and its redo meets a communicator with a dead member.
+            self._recover_or_raise(comm, name, ProcFailedError(
+                f"world rank(s) {voided.fenced} fenced: their results differed again", step=step,
+                failed_ranks=voided.fenced))
+        elif voided.error is not None:
+            raise voided.error
 
-    def _recover_or_raise(self, comm, name: str, step, error) -> None:
+    def _recover_or_raise(self, comm, name: str, failure: ProcFailedError) -> None:
         """Some rank's part of the step failed: recovers the group's communicator (the step is
-        voided and redone), or raises outside a resilient step."""
-        failure = ProcFailedError(f"the step's uncommitted {name} calls did not complete on every rank", step=step)
-        failure.__cause__ = error
+        voided and redone), or raises ``failure`` outside a resilient step."""
         if not self.group._recover(comm, name, failure):
             raise failure
+
+
+def _incomplete(name: str, step, error) -> ProcFailedError:
+    """The failure that voids a step whose uncommitted calls did not complete on every rank."""
+    failure = ProcFailedError(f"the step's uncommitted {name} calls did not complete on every rank", step=step)
+    failure.__cause__ = error
+    return failure

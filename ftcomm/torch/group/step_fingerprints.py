@@ -17,9 +17,9 @@ step's one agreement commits them all (``step_commit.py``), so the fingerprints 
    the same 14 bits (``fingerprints_equal``): one verdict, the same on every rank;
 3. results that differ void the step on every rank, with no shrink (no rank failed); one round of
    small messages names the ranks outside a strict majority (``core/fingerprint.py``), and the step
-   is redone from its batch. A rank singled out again within ``FENCE_WINDOW_STEPS`` committed steps
-   is faulty, not unlucky: it kills itself (fencing) and its peers recover from it as from any
-   failure. Results that differ ``MAX_VOIDED_IN_A_ROW`` steps in a row raise ``ResultsDifferError``
+   is redone from its batch under the same step ids. A rank singled out again within
+   ``FENCE_WINDOW_STEPS`` committed steps is faulty, not unlucky: it kills itself (fencing) and its
+   peers recover from it at once, in the agreement, as from any failure (a shrink or a spare). Results that differ ``MAX_VOIDED_IN_A_ROW`` steps in a row raise ``ResultsDifferError``
    on every rank.
 
 What it does not see: a flip inside the transport before the reduction ends reaches every rank
@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -183,15 +184,18 @@ def committed() -> None:
         LEDGER.voided_in_a_row = 0
 
 
-def results_differ(comm, name: str, step, fp: int, timeout) -> ResultsDifferError | None:
+class Voided(NamedTuple):
+    """What ``results_differ`` found, the same on every rank."""
+
+    fenced: list                       # world ranks fenced now (they killed themselves): recover without them
+    error: ResultsDifferError | None   # raise it: the step was voided so ``MAX_VOIDED_IN_A_ROW`` times in a row
+
+
+def results_differ(comm, name: str, step, fp: int, timeout) -> Voided:
     """After an agreement that found different fingerprints (every rank calls it, and voids the
     step): names the ranks outside a strict majority (every rank without one) in one round of small
     messages and records the event. A rank named again within ``FENCE_WINDOW_STEPS`` is fenced: it
-    kills itself (SIGKILL), and its peers' redo of the step sees a failure.
-
-    Returns:
-        The error to raise, the same on every rank, when this is the ``MAX_VOIDED_IN_A_ROW``-th
-        step in a row so voided (the corruption repeats); None: redo the step.
+    kills itself (SIGKILL) here, and the others are told to recover without it.
 
     Raises:
         ProcFailedError, RevokedError, CollectiveTimeoutError: the naming round failed (a rank
@@ -215,7 +219,7 @@ def results_differ(comm, name: str, step, fp: int, timeout) -> ResultsDifferErro
                   f"result differed from the majority's again within {FENCE_WINDOW_STEPS} committed steps; SIGKILL "
                   "so that its peers go on without it", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        return None
+        return Voided(fenced=repeat, error=None)
     with LEDGER.lock:
         LEDGER.voided_in_a_row += 1
         last = LEDGER.voided_in_a_row >= MAX_VOIDED_IN_A_ROW
@@ -225,7 +229,7 @@ def results_differ(comm, name: str, step, fp: int, timeout) -> ResultsDifferErro
              else ": the step is redone from its batch")
     error = ResultsDifferError(what, ranks=ranks, step=step, failed_ranks=ranks)
     note_corruption(error, name, "raised" if last else "redone")
-    return error if last else None
+    return Voided(fenced=[], error=error if last else None)
 
 
 def _note_odd_ones_out(suspects: list) -> list:
