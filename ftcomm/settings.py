@@ -241,14 +241,17 @@ def step_commit() -> bool:
     return STEP_COMMIT.get()
 
 
-def buckets_on_data_plane() -> bool:
-    """Whether a resilient step's gradient buckets go through FTCOMM_DATA_PLANE's plane: the step
-    commit is on (``FTCOMM_STEP_COMMIT``), the transit guard off (``FTCOMM_CHECKSUMS``: it checks
-    the ring's chunks in each ring allreduce's own agreement), and, on the ring plane, the result
-    fingerprints off too (``FTCOMM_FINGERPRINTS``: the ring compares them in each allreduce's own
-    agreement, with the transit guard; the gloo and NCCL planes compare them in the step's
-    agreement). Otherwise each bucket is committed on its own by ftcomm's ring."""
-    return step_commit() and not checksums() and (not fingerprints() or data_plane() != "ring")
+def buckets_on_data_plane(plane: str | None = None) -> bool:
+    """Whether a resilient step's gradient buckets go through the data plane ``plane`` ("ring",
+    "gloo", "nccl"; default FTCOMM_DATA_PLANE's, a process group's own is the one it was made
+    with): the step commit is on (``FTCOMM_STEP_COMMIT``), the transit guard off
+    (``FTCOMM_CHECKSUMS``: it checks the ring's chunks in each ring allreduce's own agreement), and,
+    on the ring plane, the result fingerprints off too (``FTCOMM_FINGERPRINTS``: the ring compares
+    them in each allreduce's own agreement, with the transit guard; the gloo and NCCL planes
+    compare them in the step's agreement). Otherwise each bucket is committed on its own by
+    ftcomm's ring."""
+    name = data_plane() if plane is None else plane
+    return step_commit() and not checksums() and (not fingerprints() or name != "ring")
 
 
 def data_plane() -> str:

@@ -94,6 +94,9 @@ def test_cuda_status_says_fingerprints_ride_in_the_step_agreement_on_the_gloo_pl
     assert settings.buckets_on_data_plane() is True
     assert ("gradient buckets on host tensors go through an inner gloo group (FTCOMM_DATA_PLANE=gloo), their result "
             "fingerprints compared in the step's agreement") in cuda.data_plane_status(cuda=False)
+    # a group keeps the plane it was made with, whatever FTCOMM_DATA_PLANE says later
+    monkeypatch.setenv("FTCOMM_DATA_PLANE", "ring")
+    assert settings.buckets_on_data_plane("gloo") is True and settings.buckets_on_data_plane() is False
 
 
 def test_cuda_status_says_per_bucket_commits_keep_the_buckets_on_the_ring(monkeypatch):

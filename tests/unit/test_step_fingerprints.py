@@ -16,15 +16,16 @@ from ftcomm.torch.group.step_commit import StepCommit
                                    torch.complex128])
 def test_every_single_bit_flip_changes_the_word_sum(dtype):
     torch.manual_seed(0)
-    t = (torch.randn(7, dtype=torch.float64) * 100).to(dtype)
-    clean = int(fp.word_sum(t))
-    assert clean == int(fp.word_sum(t.clone()))
-    raw = t.view(torch.uint8)
-    for byte in range(raw.numel()):
-        for bit in range(8):
-            flipped = t.clone()
-            flipped.view(torch.uint8)[byte] ^= 1 << bit
-            assert int(fp.word_sum(flipped)) != clean, (byte, bit)
+    values = (torch.randn(8, dtype=torch.float64) * 100).to(dtype)
+    # 7 elements: 8-byte words and a tail of narrower ones; and a view not aligned to 8 bytes
+    for t in (values[:7].clone(), values[1:]):
+        clean = int(fp.word_sum(t))
+        assert clean == int(fp.word_sum(t.clone()))  # the bytes alone decide
+        for byte in range(t.numel() * t.element_size()):
+            for bit in range(8):
+                flipped = t.clone() if t.storage_offset() == 0 else values.clone()[1:]
+                flipped.view(torch.uint8)[byte] ^= 1 << bit
+                assert int(fp.word_sum(flipped)) != clean, (t.storage_offset(), byte, bit)
 
 
 def test_the_agreement_bits_are_equal_exactly_when_every_rank_brought_the_same_fingerprint():

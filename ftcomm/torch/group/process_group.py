@@ -179,7 +179,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         """The ``ftcomm.fault`` point inside a resilient step's gradient allreduce of ``tensors``
         (fault injection, as the examples' ``--kill``): the data plane's when the bucket goes
         through it, else the committed ring's reduce-scatter."""
-        if settings.buckets_on_data_plane() and self._plane.takes(tensors):
+        if settings.buckets_on_data_plane(self._plane.name) and self._plane.takes(tensors):
             return self._plane.fault_point(tensors)
         return "reduce_scatter"
 

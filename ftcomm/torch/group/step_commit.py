@@ -71,10 +71,11 @@ class StepCommit:
         backward, commits on its own, so that its value is the same on every rank even in a voided
         step) of a resilient step before its optimizer step, on tensors that the data ``plane``
         moves as they are (device tensors it does not take are staged, and commit on their own),
-        on a ULFM communicator, as the settings allow (``settings.buckets_on_data_plane``). The
-        same on every rank (the settings must be; the rest is the training loop's)."""
+        on a ULFM communicator, as the settings allow for this plane
+        (``settings.buckets_on_data_plane``). The same on every rank (the settings must be; the
+        rest is the training loop's)."""
         return (comm.ft_enabled and torch._C._current_graph_task_id() >= 0 and in_gradient_phase()
-                and settings.buckets_on_data_plane() and plane.takes(tensors))
+                and settings.buckets_on_data_plane(plane.name) and plane.takes(tensors))
 
     def run(self, comm, name: str, fn, tensors) -> None:
         """Runs ``fn(comm)`` (the collective ``name``, an allreduce of ``tensors`` with

@@ -61,14 +61,30 @@ _U64 = (1 << 64) - 1
 
 
 def word_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """The sum of ``tensor``'s bytes read as signed integer words of its element size (8-byte
-    words for elements of 8 bytes or more), as a 0-dim int64 tensor on ``tensor``'s device.
+    """The sum, modulo 2**64, of ``tensor``'s bytes read as signed integer words, as a 0-dim int64
+    tensor on ``tensor``'s device.
 
-    A flipped bit changes one word by 2**k, so the sum by 2**k modulo 2**64 (k < 64): every single
-    flip changes it. Any dtype and shape; one read pass on the device, no copy to the host (a
-    non-contiguous tensor is made contiguous first)."""
+    The words are 8 bytes wide (a native int64 sum, about ten times faster on a CPU than widening
+    4-byte words); the bytes past the last whole 8-byte word are read as words of the element's
+    width. A flipped bit changes one word by 2**k, so the sum by 2**k modulo 2**64 (k < 64): every
+    single flip changes it. Any dtype and shape; the value depends only on the bytes. One read pass
+    on the device, no copy to the host (a non-contiguous tensor, or one not aligned to 8 bytes, is
+    copied on its device first)."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(_WORD.get(flat.element_size(), torch.int64)).sum(dtype=torch.int64)
+    size = flat.element_size()
+    if (flat.storage_offset() * size) % 8:
+        flat = flat.clone()  # a fresh allocation is aligned: 8-byte words can be read
+    per_word = max(1, 8 // size)
+    body = flat.numel() // per_word * per_word  # the elements read as 8-byte words
+    total = _words(flat[:body], 8)
+    if body < flat.numel():
+        total = total + _words(flat[body:], size)
+    return total
+
+
+def _words(flat: torch.Tensor, width: int) -> torch.Tensor:
+    """The wrapping int64 sum of ``flat``'s bytes as signed words of ``width`` bytes (8 at most)."""
+    return flat.view(_WORD.get(width, torch.int64)).sum(dtype=torch.int64)
 
 
 def mix(x: int) -> int:
