@@ -228,6 +228,10 @@ def results_differ(comm, name: str, step, fp: int, timeout) -> Voided:
         what += f": no majority; world ranks {ranks} differ; nothing committed"
     repeat = _note_odd_ones_out(ranks if majority else [])
     if repeat:
+        # One agreement first, so that every rank has finished the naming round before anyone acts
+        # on the verdict: the fenced rank's death, or a survivor's revoke as it recovers, would cut
+        # the round short for a rank still in it (which would then recover without fencing anyone).
+        comm.agree(1, timeout=timeout)
         record_corruption(CorruptionEvent(step, ranks, name, CHECKED, f"fenced world ranks {repeat} (results "
                                           f"differed again within {FENCE_WINDOW_STEPS} steps)"))
         if comm.world_rank in repeat:
