@@ -19,8 +19,12 @@ step's one agreement commits them all (``step_commit.py``), so the fingerprints 
    small messages names the ranks outside a strict majority (``core/fingerprint.py``), and the step
    is redone from its batch under the same step ids. A rank singled out again within
    ``FENCE_WINDOW_STEPS`` committed steps is faulty, not unlucky: it kills itself (fencing) and its
-   peers recover from it at once, in the agreement, as from any failure (a shrink or a spare). Results that differ ``MAX_VOIDED_IN_A_ROW`` steps in a row raise ``ResultsDifferError``
-   on every rank.
+   peers recover from it at once, in the agreement, as from any failure (a shrink or a spare).
+   Results that differ ``MAX_VOIDED_IN_A_ROW`` times in a row raise ``ResultsDifferError`` on every
+   rank.
+
+The agreement is ULFM's (``MPIX_Comm_agree``, the ULFM chapter of the MPI 4 draft: a bitwise AND
+of every live rank's flag, the same on every rank even when a rank dies during it).
 
 What it does not see: a flip inside the transport before the reduction ends reaches every rank
 alike (gloo and NCCL have no transit checksums; ftcomm's ring has, ``FTCOMM_CHECKSUMS``), and a
@@ -141,9 +145,6 @@ class StepFingerprints:
 
     def add(self, step: int, tensors) -> None:
         self._buckets.append((step, list(tensors)))
-
-    def clear(self) -> None:
-        self._buckets = []
 
     def take(self, world_rank: int) -> int:
         """The fingerprint of the recorded buckets' results (they have completed), and forgets them.
