@@ -60,16 +60,17 @@ def data_plane_status(cuda: bool | None = None) -> str:
     (``FTCOMM_DATA_PLANE``, docs/GPU.md): a resilient step's gradient buckets go through ftcomm's
     ring, an inner gloo group, or (CUDA tensors) an inner NCCL group where torch has NCCL and a
     device; the ring whenever the transit guard is on (and the result fingerprints, on the ring
-    plane; the other planes compare them in the step's agreement). Every other collective goes through
-    ftcomm's ring, CUDA tensors staged through page-locked host memory (Open MPI's fault-tolerant
-    transports take no device memory). The CUDA part is said when ``cuda`` (default
+    plane; the other planes compare them in the step's agreement). Every other collective goes
+    through ftcomm's ring, CUDA tensors staged through page-locked host memory (Open MPI's
+    fault-tolerant transports take no device memory). The CUDA part is said when ``cuda`` (default
     ``cuda_available()``) or under "nccl"."""
     name = settings.data_plane()
     setting = f"FTCOMM_DATA_PLANE={name}"
     host_plane = "an inner gloo group" if name == "gloo" else "ftcomm's ring"
     if not settings.buckets_on_data_plane():
         why = ("the corruption guard (FTCOMM_CHECKSUMS, or FTCOMM_FINGERPRINTS on the ring plane) needs the "
-               "ring's own agreements" if settings.step_commit() else "FTCOMM_STEP_COMMIT=0 commits each bucket on its own")
+               "ring's own agreements" if settings.step_commit()
+               else "FTCOMM_STEP_COMMIT=0 commits each bucket on its own")
         instead = "" if name == "ring" else f", not the {setting} plane"
         buckets = f"gradient buckets go through ftcomm's ring, each committed on its own{instead}: {why}"
         device_plane = None

@@ -1,9 +1,13 @@
 """Liveness and fencing for the layers above the core (csrc/core/liveness.h has the design):
 every rank's process heartbeat and current ftcomm call in a shared table in ftcomm-run's run
-directory, and SIGKILL for a rank that is stopped, or late past a collective's deadline. Also the watchdog for MPI calls that cannot be
-interrupted (spawn, merge): past its deadline it kills this rank rather than hang."""
+directory, SIGKILL for a rank that is stopped or late past a collective's deadline, and a rank
+fencing itself on its peers' verdict (``fence_self``). Also the watchdog for MPI calls that cannot
+be interrupted (spawn, merge): past its deadline it kills this rank rather than hang."""
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from contextlib import contextmanager
 
 from .. import _C
@@ -24,6 +28,15 @@ def fence_silent(world_ranks, max_silence_s: float) -> list[int]:
     """SIGKILLs the ranks of ``world_ranks`` on this host that have been silent for longer than
     ``max_silence_s`` seconds; returns the world ranks it killed."""
     return list(_C.fence_silent([int(w) for w in world_ranks], float(max_silence_s)))
+
+
+def fence_self(world_rank: int, why: str) -> None:
+    """Fences this rank, found faulty by its peers' verdict (``why``, in words): says so on stderr
+    and SIGKILLs itself, so that its peers see an ordinary process failure and go on without it
+    (shrink, or a spare). Never returns."""
+    print(f"ftcomm: world rank {world_rank} fences itself (pid {os.getpid()}): {why}; SIGKILL so that its peers go "
+          "on without it", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fence_timeout() -> float:

@@ -7,8 +7,8 @@ others recover without it at once (DDP, and ZeRO, whose state is rebuilt bitwise
 differ three times in a row raise on every rank.
 
 The DDP job's toy model has one gradient bucket per step, and its bucket allreduces are step ids
-0, 1, 2, ... (a voided step's redo keeps its id); step 0 is avoided (a voided first step makes DDP rebuild its buckets before the
-redo, so the redo sums in another order)."""
+0, 1, 2, ... (a voided step's redo keeps its id); step 0 is avoided (a voided first step makes DDP
+rebuild its buckets before the redo, so the redo sums in another order)."""
 import pytest
 
 from harness import JOBS, run_job

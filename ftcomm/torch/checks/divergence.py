@@ -21,15 +21,13 @@ replicas are scrubbed against their own checksums instead (``ShardedOptimizer.ch
 from __future__ import annotations
 
 import io
-import os
-import signal
-import sys
 
 import torch
 
 from ...core import fault
 from ...core.events import CorruptionEvent, record_corruption
 from ...core.fingerprint import compare, digest
+from ...core.liveness import fence_self
 from ...errors import FtError, SilentCorruptionError, StateLostError
 from ..group.models import unwrap
 from ..zero.optimizer import ZeroRedundancyOptimizer
@@ -100,9 +98,7 @@ class DivergenceGuard:
             record_corruption(CorruptionEvent(step, found.suspects, "DDP state", CHECKED,
                                               f"fenced world ranks {repeat} (diverged again within {self.fence_window} steps)"))
             if comm.world_rank in found.suspects:
-                print(f"ftcomm: world rank {comm.world_rank} fences itself: its DDP state diverged again", file=sys.stderr,
-                      flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+                fence_self(comm.world_rank, "its DDP state diverged again")
             return
         root = found.majority[0]
         self._repair(comm, model, optimizer, root, pg.timeout, comm.world_rank in found.suspects)

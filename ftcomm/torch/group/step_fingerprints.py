@@ -33,9 +33,6 @@ the majority (the step is voided all the same, but the wrong ranks are named).
 """
 from __future__ import annotations
 
-import os
-import signal
-import sys
 import threading
 from typing import NamedTuple
 
@@ -46,6 +43,7 @@ from ... import settings
 from ...core import fault
 from ...core.events import CorruptionEvent, note_corruption, record_corruption
 from ...core.fingerprint import compare
+from ...core.liveness import fence_self
 from ...errors import InvalidInputError, ResultsDifferError
 
 FENCE_WINDOW_STEPS = 1000  # committed steps within which a second odd-one-out fences a rank
@@ -236,10 +234,8 @@ def results_differ(comm, name: str, step, fp: int, timeout) -> Voided:
         record_corruption(CorruptionEvent(step, ranks, name, CHECKED, f"fenced world ranks {repeat} (results "
                                           f"differed again within {FENCE_WINDOW_STEPS} steps)"))
         if comm.world_rank in repeat:
-            print(f"ftcomm: world rank {comm.world_rank} fences itself (pid {os.getpid()}): its gradient allreduce "
-                  f"result differed from the majority's again within {FENCE_WINDOW_STEPS} committed steps; SIGKILL "
-                  "so that its peers go on without it", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            fence_self(comm.world_rank, "its gradient allreduce result differed from the majority's again within "
+                       f"{FENCE_WINDOW_STEPS} committed steps")
         return Voided(fenced=repeat, error=None)
     with LEDGER.lock:
         LEDGER.voided_in_a_row += 1
