@@ -33,6 +33,21 @@ using ftcomm::StatusCode;
 
 namespace {
 
+// liveness::ActivityScope as a Python context manager, for waits that Python code runs itself
+// (the torch backend's inner data-plane groups): entered and left on one thread, as the scope's
+// nesting count is per thread.
+class PyActivityScope {
+ public:
+  PyActivityScope(ftcomm::liveness::Activity activity, int64_t step) : activity_(activity), step_(step) {}
+  void Enter() { scope_ = std::make_unique<ftcomm::liveness::ActivityScope>(activity_, step_); }
+  void Exit() { scope_.reset(); }
+
+ private:
+  ftcomm::liveness::Activity activity_;
+  int64_t step_;
+  std::unique_ptr<ftcomm::liveness::ActivityScope> scope_;
+};
+
 // Raises the ftcomm exception for a non-OK status (the classes live in ftcomm/errors.py, the
 // mapping from status code to class in ftcomm/core/codes.py).
 void ThrowIfError(const Status& s) {
@@ -464,6 +479,26 @@ PYBIND11_MODULE(_C, m) {
         "One line naming a rank and what it is doing (for error messages).");
   m.def("fence_timeout", &ftcomm::liveness::FenceTimeout,
         "Seconds of silence after which a waiting peer fences a rank.");
+  m.def("liveness_beat", &ftcomm::liveness::Beat,
+        "Refreshes this rank's progress beat: it is polling inside its current call.");
+  m.def("liveness_judge",
+        [](const std::vector<int>& world_ranks) {
+          ftcomm::liveness::Verdict verdict = ftcomm::liveness::Judge(world_ranks, ftcomm::LateRankFence());
+          return std::make_tuple(verdict.fenced, verdict.why);
+        },
+        py::arg("world_ranks"),
+        "After a deadline: judges the listed ranks on this host that kept this rank waiting "
+        "(fences the stopped ones, and the late or hung ones under the late-rank policy \"fence\"); "
+        "returns (fenced world ranks, why in words).");
+  py::enum_<ftcomm::liveness::Activity>(m, "Activity")
+      .value("ALLREDUCE", ftcomm::liveness::Activity::kAllreduce)
+      .value("ALLGATHER", ftcomm::liveness::Activity::kAllgather);
+  py::class_<PyActivityScope>(m, "ActivityScope",
+                              "Publishes what this rank is doing (a call and its step) for the life of a with block.")
+      .def(py::init<ftcomm::liveness::Activity, int64_t>(), py::arg("activity"), py::arg("step"))
+      .def("__enter__", [](PyActivityScope& self) { self.Enter(); return &self; },
+           py::return_value_policy::reference)
+      .def("__exit__", [](PyActivityScope& self, py::args) { self.Exit(); return false; });
 
   RegisterCudaBindings(m);  // CUDA kernels and the staged device allreduce (or stubs)
 }

@@ -174,6 +174,7 @@ const char* ActivityName(Activity activity) {
     case Activity::kSignal: return "signal";
     case Activity::kValidate: return "input validation";
     case Activity::kFinalize: return "MPI_Finalize";
+    case Activity::kAllgather: return "allgather";
   }
   return "an ftcomm call";
 }

@@ -45,6 +45,7 @@ enum class Activity : int32_t {
   kSignal = 8,
   kValidate = 9,  // the min/max round of allgather and broadcast
   kFinalize = 10,
+  kAllgather = 11,  // an inner group's allgather (a data plane of the torch backend)
 };
 const char* ActivityName(Activity activity);
 

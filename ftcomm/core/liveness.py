@@ -39,6 +39,30 @@ def fence_self(world_rank: int, why: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def in_call(name: str, step: int):
+    """Context manager: publishes that this rank waits in the collective ``name`` ("allreduce" or
+    "allgather") of step ``step`` for the life of the block, so that a peer whose deadline passes
+    judges it as waiting with it, not as late (``judge``). For waits that Python code runs itself;
+    enter and leave it on one thread, and call ``beat`` while waiting."""
+    return _C.ActivityScope(getattr(_C.Activity, name.upper()), int(step))
+
+
+def beat() -> None:
+    """Refreshes this rank's progress beat: it is still polling inside its current call (a peer
+    judges a rank whose beat is older than a second as hung)."""
+    _C.liveness_beat()
+
+
+def judge(world_ranks) -> tuple[list[int], str]:
+    """After a wait's deadline passed: judges the ranks of ``world_ranks`` on this host that kept
+    it waiting, as the core's own waits do (csrc/core/liveness.h, ``Judge``): a stopped rank is
+    fenced; a late one (outside ftcomm) or a hung one (in the call, not polling) is fenced under
+    the late-rank policy "fence" and named under "raise"; a rank waiting in the same call and step
+    is left alone. Returns (the world ranks fenced just now, one clause per rank judged)."""
+    fenced, why = _C.liveness_judge([int(w) for w in world_ranks])
+    return list(fenced), why
+
+
 def fence_timeout() -> float:
     """Seconds of silence after which a waiting peer fences a rank (FTCOMM_FENCE_TIMEOUT)."""
     return float(_C.fence_timeout())
