@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -112,6 +113,13 @@ class JobResult:
         assert f"world rank {fenced} fences itself" in self.stderr
         assert all(rep["size"] == n - 1 for rep in finals.values())
         return finals
+
+    def fenced_at(self, world_rank: int) -> list[str]:
+        """The calls whose deadline fenced ``world_rank``, as the fencing peers named them on stderr
+        ("allreduce step 6" from "...: did not arrive in allreduce step 6 by its deadline: ...")."""
+        said = re.findall(rf"ftcomm: fencing world rank {world_rank} \(pid \d+\): did not arrive in (.+?) by its deadline",
+                          self.stderr)
+        return sorted(set(said))
 
     def describe(self) -> str:
         return f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"

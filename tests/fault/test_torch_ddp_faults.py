@@ -40,10 +40,11 @@ def test_collectives_and_ddp_gradients_match_gloo():
 # (data plane, where in it the victim is hit, how, the victim): ftcomm's ring, and an inner gloo
 # group under ftcomm's control plane (FTCOMM_DATA_PLANE=gloo), where a stopped rank is fenced and
 # its connections closing end the collective on the others; a stopped world rank 0 also stops the
-# inner group's store, which the others must not wait on. By default a representative part; the
-# whole plane x fault matrix (kill, exit, hang, stop on both planes) with ``pytest -m matrix``.
+# inner group's store, which the others must not wait on; a hung rank is fenced at the deadline of
+# the collective it kept waiting. By default a representative part; the whole plane x fault matrix
+# (kill, exit, hang, stop on both planes) with ``pytest -m matrix``.
 PLANES = [("ring", "reduce_scatter", "kill", 2), ("gloo", "data_plane", "kill", 2), ("gloo", "data_plane", "stop", 2),
-          ("gloo", "data_plane", "stop", 0)]
+          ("gloo", "data_plane", "stop", 0), ("gloo", "data_plane", "hang", 2)]
 MATRIX = [(plane, point, kind, 2) for plane, point in (("ring", "reduce_scatter"), ("gloo", "data_plane"))
           for kind in ("kill", "exit", "hang", "stop") if (plane, point, kind, 2) not in PLANES]
 
@@ -69,6 +70,8 @@ def test_kill_in_ddp_backward_allreduce_is_redone_and_converges(plane, point, ki
                        # a hung rank still answers the liveness probes: the collective's deadline finds it
                        **({"FTCOMM_TIMEOUT": "15"} if kind == "hang" else {})}, timeout=110)
     assert job.returncode == 0, job.describe()
+    if kind == "hang":  # judged at the bucket's own deadline, not at that of the step's agreement after it
+        assert job.fenced_at(victim) == ["allreduce step 6"], job.describe()
     finals = job.by_rank(kind="final")
     survivors = [r for r in range(n) if r != victim]
     assert sorted(finals) == survivors, job.describe()

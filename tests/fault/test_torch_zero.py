@@ -93,6 +93,9 @@ def test_kill_in_each_phase_rebuilds_the_committed_state(plane, phase, kind, vic
                        # a hung rank still answers the liveness probes: the collective's deadline finds it
                        **({"FTCOMM_TIMEOUT": "15"} if kind == "hang" else {})})
     assert job.returncode == 0, job.describe()
+    if kind == "hang":  # judged at the deadline of the step's collective it kept waiting, not of the agreement after it
+        assert job.fenced_at(victim) and not any(call.startswith("agree") for call in job.fenced_at(victim)), \
+            job.describe()
     finals = job.by_rank(kind="final")
     survivors = [r for r in range(n) if r != victim]
     assert sorted(finals) == survivors, job.describe()

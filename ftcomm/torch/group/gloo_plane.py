@@ -20,6 +20,10 @@ import torch._C._distributed_c10d as _c10d
 from .device import is_device
 from .inner_group import REDUCE_OPS, InnerGroupPlane, deadline
 
+# Seconds gloo's own timeout of a collective runs past ftcomm's deadline: ftcomm's comes first, so
+# that the control plane judges who kept the collective waiting (and fences a hung rank at once);
+# gloo's ends soon after a collective that was left running on a peer that is neither dead nor fenced.
+_GLOO_MARGIN = 5.0
 
 
 class GlooPlane(InnerGroupPlane):
@@ -40,7 +44,7 @@ class GlooPlane(InnerGroupPlane):
             ProcFailedError, FtError: as ``allreduce``; ``dst`` is then undefined.
         """
         opts = _c10d.AllgatherOptions()
-        opts.timeout = deadline(timeout)
+        opts.timeout = deadline(timeout + _GLOO_MARGIN)
         out, inp = torch.from_numpy(dst.reshape(-1)), torch.from_numpy(src.reshape(-1))
         self._collective(comm, timeout, comm.last_committed_step + 1, "allgather",
                          lambda group: [group._allgather_base(out, inp, opts)])
@@ -68,5 +72,5 @@ class GlooPlane(InnerGroupPlane):
 
 def _options(opts, op: str, timeout):
     opts.reduceOp = REDUCE_OPS[op]
-    opts.timeout = deadline(timeout)
+    opts.timeout = deadline(timeout + _GLOO_MARGIN)
     return opts

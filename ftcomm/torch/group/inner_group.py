@@ -175,7 +175,7 @@ class InnerGroupPlane:
         group = self._group_for(comm, timeout, device)
         if point:
             fault.point(point, comm.world_rank, step)
-        failure = self._run(group, start, comm, float(timeout))
+        failure = self._run(group, start, comm, name, step, float(timeout))
         # Nothing may keep the group alive on failure (not even a traceback's frame): its
         # connections close in _outcome, and the members still waiting on this rank in it fail too.
         group = None  # noqa: F841
@@ -193,7 +193,7 @@ class InnerGroupPlane:
         return ProcFailedError(f"{self.name} data plane: {name} failed on world rank {comm.world_rank}: {failure}",
                                step=step)
 
-    def _run(self, group, start, comm, deadline_s: float) -> str | None:
+    def _run(self, group, start, comm, name: str, step: int, deadline_s: float) -> str | None:
         """Starts the collective and watches it (see the module). None when it succeeded, else why
         not, in words (a string: an exception would keep this frame, and with it the group, alive)."""
         started = time.monotonic()
@@ -201,13 +201,20 @@ class InnerGroupPlane:
             works = start(group)
         except RuntimeError as error:
             return str(error)
-        return self._watch_works(works, comm, deadline_s, started, self._watch)
+        return self._watch_works(works, comm, name, step, deadline_s, started, self._watch)
 
-    def _watch_works(self, works, comm, deadline_s: float, started: float, watch: AbortWatch) -> str | None:
-        """Waits for ``works`` (started at ``started``, ``time.monotonic()``) until they end or the
-        control plane gives up on them: ``_run``'s verdict."""
-        fence_after = liveness.fence_timeout()
+    def _watch_works(self, works, comm, name: str, step: int, deadline_s: float, started: float,
+                     watch: AbortWatch) -> str | None:
+        """Waits for ``works`` (the collective ``name`` of ``step``, started at ``started``,
+        ``time.monotonic()``) until they end or the control plane gives up on them: ``_run``'s
+        verdict. The wait is published in the liveness table, as the core's own waits are, so that
+        a peer whose deadline passes sees this rank waiting with it."""
         peers = [w for w in comm.world_ranks if w != comm.world_rank]
+        with liveness.in_call(name, step):
+            return self._wait_for(works, peers, deadline_s, started, watch)
+
+    def _wait_for(self, works, peers, deadline_s: float, started: float, watch: AbortWatch) -> str | None:
+        fence_after = liveness.fence_timeout()
         try:
             next_look = started + _LOOK_EVERY
             pause = self.first_pause
@@ -218,8 +225,9 @@ class InnerGroupPlane:
                         return "this rank aborted the group"
                     now = time.monotonic()
                     if now - started >= deadline_s:
-                        return f"timeout after {deadline_s:g} s"
+                        return _deadline_passed(peers, deadline_s)
                     if now >= next_look:
+                        liveness.beat()
                         watch.looking(True)  # only for a collective that takes a while
                         why = self._look_around(peers, watch, fence_after if now - started >= fence_after else None)
                         if why:
@@ -332,9 +340,19 @@ class Started:
         None when it completed."""
         failure = self._failure
         if failure is None:
-            failure = self._plane._watch_works(self._works, self._comm, self._timeout, self._started, self._watch)
+            failure = self._plane._watch_works(self._works, self._comm, "allreduce", self.step, self._timeout,
+                                               self._started, self._watch)
         self._works = None  # nothing of the group may outlive a failure here (see _collective)
         return self._plane._outcome(self._comm, "allreduce", self.step, failure)
+
+
+def _deadline_passed(peers, deadline_s: float) -> str:
+    """Why a collective gave up at its deadline, after judging the peers on this host that kept it
+    waiting (``liveness.judge``): a hung or late one is fenced now, as by the core's own waits, so
+    that the step's agreement that follows finds a dead process at once instead of waiting for it
+    through a second deadline."""
+    _, why = liveness.judge(peers)
+    return f"timeout after {deadline_s:g} s" + (f": {why}" if why else "")
 
 
 def finish_avg(op: str, tensors, size: int) -> None:
