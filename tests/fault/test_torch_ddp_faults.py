@@ -231,3 +231,19 @@ def test_subgroups_made_in_any_order_do_not_hang():
         assert len(rep["still_known"]) == (1 if world_rank in orders[0] else 0), rep  # the group made again
         assert rep["again_sum"] == (5.0 if world_rank in orders[0] else world_rank + 1.0), rep
         assert rep["world_sum"] == 6.0, rep
+
+
+def test_ranks_that_differ_on_the_data_plane_are_told_so_on_every_rank():
+    """World rank 1 alone sets FTCOMM_DATA_PLANE=gloo: its first bucket makes an inner group (a
+    broadcast) while the others run the ring's allreduce. Every rank raises, naming the setting and
+    its own plane, and no step is applied anywhere."""
+    job = run_job(JOBS / "torch_mixed_plane.py", 3, env={"FTCOMM_TIMEOUT": "20"}, timeout=60)
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 1, 2], job.describe()
+    for world_rank, rep in finals.items():
+        plane = "gloo" if world_rank == 1 else "ring"
+        assert "CollectiveMismatchError" in rep["error"], rep
+        assert f"World rank {world_rank} moves a resilient step's buckets on the '{plane}' data plane " \
+               "(FTCOMM_DATA_PLANE)" in rep["error"], rep
+        assert rep["unchanged"], rep

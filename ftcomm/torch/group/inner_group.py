@@ -46,6 +46,7 @@ from ...core import fault, liveness
 from ...errors import FtError, ProcFailedError
 from .abort_watch import ABORT_KEY, AbortWatch
 from .device import is_device
+from .plane_mismatch import naming_the_plane
 
 _ADDRESS_BYTES = 512
 # "avg" is a sum, divided by the size afterwards (gloo has no AVG).
@@ -258,7 +259,8 @@ class InnerGroupPlane:
             self._drop_locked()
             self._aborted.clear()
         try:
-            store = _rendezvous_store(comm, timeout)
+            with naming_the_plane(self.name, comm.world_rank):  # the ring's ranks call an allreduce here
+                store = _rendezvous_store(comm, timeout)
             # Alive on this host now: the peers whose exit this rank will see (liveness.finished is
             # also true for peers on other hosts, which the transport or the store must report).
             local_peers = [w for w in comm.world_ranks if w != comm.world_rank and not liveness.finished(w)]

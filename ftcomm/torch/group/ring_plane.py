@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .device import is_device
+from .plane_mismatch import naming_the_plane
 
 
 class RingPlane:
@@ -18,14 +19,16 @@ class RingPlane:
         return "reduce_scatter"
 
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
-        return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
+        with naming_the_plane(self.name, comm.world_rank):
+            return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
 
     def start_allreduce(self, comm, tensors, op: str, timeout) -> None:
         """None: the ring runs on the communication thread (``InnerGroupPlane.start_allreduce``)."""
         return None
 
     def allgather(self, comm, src, dst, timeout) -> None:
-        comm.allgather(src, dst, timeout=timeout)
+        with naming_the_plane(self.name, comm.world_rank):
+            comm.allgather(src, dst, timeout=timeout)
 
     def abort(self) -> None:
         """Nothing: the caller revokes the communicator, which ends the ring's waits."""
