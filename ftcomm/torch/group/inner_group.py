@@ -259,7 +259,7 @@ class InnerGroupPlane:
             self._drop_locked()
             self._aborted.clear()
         try:
-            with naming_the_plane(self.name, comm.world_rank):  # the ring's ranks call an allreduce here
+            with naming_the_plane(self.name, comm):  # the ring's ranks call an allreduce here
                 store = _rendezvous_store(comm, timeout)
             # Alive on this host now: the peers whose exit this rank will see (liveness.finished is
             # also true for peers on other hosts, which the transport or the store must report).

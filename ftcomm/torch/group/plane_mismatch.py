@@ -14,12 +14,13 @@ from ...errors import CollectiveMismatchError
 
 
 @contextmanager
-def naming_the_plane(plane_name: str, world_rank: int):
-    """Re-raises a ``CollectiveMismatchError`` of the block with this rank's data plane named."""
+def naming_the_plane(plane_name: str, comm):
+    """Re-raises a ``CollectiveMismatchError`` of the block, a collective over ``comm``, with this
+    rank's data plane named."""
     try:
         yield
     except CollectiveMismatchError as error:
         raise CollectiveMismatchError(
-            f"{error}. World rank {world_rank} moves a resilient step's buckets on the {plane_name!r} data plane "
+            f"{error}. World rank {comm.world_rank} moves a resilient step's buckets on the {plane_name!r} data plane "
             "(FTCOMM_DATA_PLANE): ranks that differ on it call different collectives here; it must be the same "
             "on every rank") from None

@@ -19,7 +19,7 @@ class RingPlane:
         return "reduce_scatter"
 
     def allreduce(self, comm, tensors, op: str, timeout) -> int:
-        with naming_the_plane(self.name, comm.world_rank):
+        with naming_the_plane(self.name, comm):
             return comm.allreduce(tensors, op=op, timeout=timeout, commit=False)
 
     def start_allreduce(self, comm, tensors, op: str, timeout) -> None:
@@ -27,7 +27,7 @@ class RingPlane:
         return None
 
     def allgather(self, comm, src, dst, timeout) -> None:
-        with naming_the_plane(self.name, comm.world_rank):
+        with naming_the_plane(self.name, comm):
             comm.allgather(src, dst, timeout=timeout)
 
     def abort(self) -> None:
