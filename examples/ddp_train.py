@@ -135,11 +135,15 @@ def arm_kill(world_rank, loader, model):
     """Demo only: world rank ``world_rank`` SIGKILLs itself in the next gradient allreduce (and
     logs it first, so that the recovery report times the failure from the kill)."""
     comm = dist.group.WORLD.comm
+    step_id = comm.last_committed_step + 1  # the communicator counts its allreduces from 0
     if comm.world_rank == world_rank:
         loader.record(event="kill", step=loader.steps_applied + 1)
+        print(f"demo: world rank {world_rank} dies in training step {loader.steps_applied + 1}, in its gradient "
+              f"allreduce (the communicator's step id {step_id}, as the fault line below says)", file=sys.stderr,
+              flush=True)
     # in the ring's reduce-scatter, or in the inner gloo or NCCL group's allreduce (FTCOMM_DATA_PLANE)
     point = dist.group.WORLD.bucket_fault_point([next(model.parameters())])
-    ftcomm.fault.inject(point, rank=world_rank, step=comm.last_committed_step + 1)
+    ftcomm.fault.inject(point, rank=world_rank, step=step_id)
 
 
 if __name__ == "__main__":
