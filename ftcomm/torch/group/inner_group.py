@@ -32,6 +32,7 @@ next collective makes a new inner group.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import socket
@@ -208,37 +209,38 @@ class InnerGroupPlane:
                      watch: AbortWatch) -> str | None:
         """Waits for ``works`` (the collective ``name`` of ``step``, started at ``started``,
         ``time.monotonic()``) until they end or the control plane gives up on them: ``_run``'s
-        verdict. The wait is published in the liveness table, as the core's own waits are, so that
-        a peer whose deadline passes sees this rank waiting with it."""
-        peers = [w for w in comm.world_ranks if w != comm.world_rank]
-        with liveness.in_call(name, step):
-            return self._wait_for(works, peers, deadline_s, started, watch)
-
-    def _wait_for(self, works, peers, deadline_s: float, started: float, watch: AbortWatch) -> str | None:
+        verdict. A wait that takes a while is published in the liveness table, as the core's own
+        waits are, so that a peer whose deadline passes sees this rank waiting with it."""
         fence_after = liveness.fence_timeout()
-        try:
-            next_look = started + _LOOK_EVERY
-            pause = self.first_pause
-            for work in works:
-                while not self._ended_within(work, pause):
-                    pause = min(2 * pause, self.longest_pause)
-                    if self._aborted.is_set():
-                        return "this rank aborted the group"
-                    now = time.monotonic()
-                    if now - started >= deadline_s:
-                        return _deadline_passed(peers, deadline_s)
-                    if now >= next_look:
-                        liveness.beat()
-                        watch.looking(True)  # only for a collective that takes a while
-                        why = self._look_around(peers, watch, fence_after if now - started >= fence_after else None)
-                        if why:
-                            return why
-                        next_look = now + _LOOK_EVERY
-                work.wait()  # its error, if it failed
-        except RuntimeError as error:
-            return str(error)
-        finally:
-            watch.looking(False)
+        peers = [w for w in comm.world_ranks if w != comm.world_rank]
+        with contextlib.ExitStack() as published:
+            try:
+                next_look, looked = started + _LOOK_EVERY, False
+                pause = self.first_pause
+                for work in works:
+                    while not self._ended_within(work, pause):
+                        pause = min(2 * pause, self.longest_pause)
+                        if self._aborted.is_set():
+                            return "this rank aborted the group"
+                        now = time.monotonic()
+                        if now - started >= deadline_s:
+                            return _deadline_passed(peers, deadline_s)
+                        if now >= next_look:  # only for a collective that takes a while:
+                            if not looked:  # publish the wait, and look at the store from now on
+                                published.enter_context(liveness.in_call(name, step))
+                                watch.looking(True)
+                                looked = True
+                            liveness.beat()
+                            why = self._look_around(peers, watch,
+                                                    fence_after if now - started >= fence_after else None)
+                            if why:
+                                return why
+                            next_look = now + _LOOK_EVERY
+                    work.wait()  # its error, if it failed
+            except RuntimeError as error:
+                return str(error)
+            finally:
+                watch.looking(False)
         return None
 
     def _look_around(self, peers, watch: AbortWatch, fence_after: float | None) -> str | None:
