@@ -4,6 +4,7 @@ bucket's allreduce (step redone, samples re-split, training converges), a raw co
 cleanly outside a resilient loop, and examples/ddp_train.py --kill reaching its accuracy target."""
 import collections
 import json
+import re
 
 import pytest
 
@@ -247,3 +248,23 @@ def test_ranks_that_differ_on_the_data_plane_are_told_so_on_every_rank():
         assert f"World rank {world_rank} moves a resilient step's buckets on the '{plane}' data plane " \
                "(FTCOMM_DATA_PLANE)" in rep["error"], rep
         assert rep["unchanged"], rep
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(150)
+def test_a_stopped_store_server_is_judged_at_a_deadline_not_left_to_the_fence_timeout():
+    """World rank 0 (it serves the gloo plane's store) is stopped in a bucket, and the fence timeout
+    is longer than the deadline: the others give up on the group when the store stops answering
+    (5 s), go on to the step's agreement at once (dropping the group, whose gloo collective still
+    waits on the stopped rank, must not hold them up), and its deadline fences the stopped rank."""
+    n, victim = 4, 0
+    job = run_job(JOBS / "torch_ddp_kill.py", n, "--epochs", 1,
+                  env={"FTCOMM_FAULT": f"rank={victim},point=data_plane,step=6,kind=stop", "FTCOMM_DATA_PLANE": "gloo",
+                       "FTCOMM_FENCE_TIMEOUT": "30", "FTCOMM_TIMEOUT": "15"}, timeout=110)
+    assert job.returncode == 0, job.describe()
+    assert re.search(rf"fencing world rank {victim} \(pid \d+\): no heartbeat for [\d.]+ s while peers waited for it",
+                     job.stderr), job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [1, 2, 3], job.describe()
+    assert all(rep["recoveries"] == [[[victim], n, n - 1, "allreduce", 7]] for rep in finals.values()), finals
+    assert len({rep["params"] for rep in finals.values()}) == 1, "survivors' parameters differ"

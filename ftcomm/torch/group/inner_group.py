@@ -191,7 +191,9 @@ class InnerGroupPlane:
         if failure is None:
             self.completed[name] += 1
             return None
+        import sys as _s; print(f"DBG {time.time():.2f} rank {comm.world_rank} outcome {failure[:80]!r}; aborting", file=_s.stderr, flush=True)
         self.abort()
+        print(f"DBG {time.time():.2f} rank {comm.world_rank} aborted", file=_s.stderr, flush=True)
         return ProcFailedError(f"{self.name} data plane: {name} failed on world rank {comm.world_rank}: {failure}",
                                step=step)
 
@@ -280,27 +282,24 @@ class InnerGroupPlane:
         return group
 
     def _abort_locked(self) -> None:
-        store, group = self._store, self._group
-        if store is not None:
+        if self._store is not None:
+            _write_abort_key(self._store)
+        if self._group is not None:
             try:
-                store.set(ABORT_KEY, "1")  # on this client, not the watch's (which may be stuck)
-            except RuntimeError:
-                pass  # the store's server is gone: the others see that as an abort too
-        if group is not None:
-            try:
-                self._abort_group(group)
+                self._abort_group(self._group)
             except RuntimeError:
                 pass  # already broken: dropping it is all that is left
         self._drop_locked(aborted=True)
 
     def _drop_locked(self, aborted: bool = False) -> None:
-        group = self._group
         if self._watch is not None:
             self._watch.close()
+        if self._group is not None and not aborted:
+            self._abort_group(self._group)  # torch's rule: a group left behind is aborted, not destroyed
+        last_references = [self._group, self._store]
         self._comm = self._group = self._store = self._watch = None
         self._local_peers = []
-        if group is not None and not aborted:
-            self._abort_group(group)  # torch's rule: a group left behind is aborted, not destroyed
+        _release_in_background(last_references)
 
 
 class Started:
@@ -348,6 +347,28 @@ class Started:
                                                self._started, self._watch)
         self._works = None  # nothing of the group may outlive a failure here (see _collective)
         return self._plane._outcome(self._comm, "allreduce", self.step, failure)
+
+
+def _release_in_background(holder: list) -> None:
+    """Drops the references in ``holder`` (an inner group and its store: the plane's last
+    references to them) on a thread of its own. gloo's destructor waits for a collective still in
+    progress, and one waiting on a stopped peer runs to gloo's own timeout: the rank that gives up
+    on the group must go on to the step's agreement at once."""
+    threading.Thread(target=holder.clear, name="ftcomm-inner-group-release", daemon=True).start()
+
+
+def _write_abort_key(store) -> None:
+    """Writes the abort key into ``store`` from a thread of its own, on this rank's rendezvous
+    client (not the watch's, which may be stuck): a store whose server, the group's rank 0, is
+    stopped never answers, and ``set`` then blocks for the store's whole timeout; the rank that
+    gives up must go on to the step's agreement at once."""
+    def write() -> None:
+        try:
+            store.set(ABORT_KEY, "1")
+        except RuntimeError:
+            pass  # the store's server is gone: the others see that as an abort too
+
+    threading.Thread(target=write, name="ftcomm-abort-key", daemon=True).start()
 
 
 def _deadline_passed(peers, deadline_s: float) -> str:
