@@ -191,9 +191,7 @@ class InnerGroupPlane:
         if failure is None:
             self.completed[name] += 1
             return None
-        import sys as _s; print(f"DBG {time.time():.2f} rank {comm.world_rank} outcome {failure[:80]!r}; aborting", file=_s.stderr, flush=True)
         self.abort()
-        print(f"DBG {time.time():.2f} rank {comm.world_rank} aborted", file=_s.stderr, flush=True)
         return ProcFailedError(f"{self.name} data plane: {name} failed on world rank {comm.world_rank}: {failure}",
                                step=step)
 
