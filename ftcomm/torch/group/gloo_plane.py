@@ -6,8 +6,8 @@ once ftcomm fences it, and a member's that gave up on the group. Dropping the gr
 rank's connections, which is how a rank aborts it here: ``ProcessGroupGloo.abort()`` does not
 interrupt a collective in progress (torch 2.13 and 2.15, checked here: a collective waiting on a
 stopped peer ran to gloo's own timeout after it). Its destructor waits for such a collective too,
-so the group is released on a thread of its own (``inner_group.py``). CUDA tensors are taken as they are (gloo copies
-them through host memory itself, one tensor per collective).
+so the group is released on a thread of its own (``inner_group.py``). CUDA tensors are taken as
+they are (gloo copies them through host memory itself, one tensor per collective).
 """
 from __future__ import annotations
 

@@ -178,8 +178,9 @@ class InnerGroupPlane:
         if point:
             fault.point(point, comm.world_rank, step)
         failure = self._run(group, start, comm, name, step, float(timeout))
-        # Nothing may keep the group alive on failure (not even a traceback's frame): its
-        # connections close in _outcome, and the members still waiting on this rank in it fail too.
+        # Nothing may keep the group alive on failure (not even a traceback's frame): the last
+        # reference must be the one _outcome releases on a thread of its own (_release_in_background),
+        # or gloo's destructor would run here, waiting for a collective stuck on a stopped peer.
         group = None  # noqa: F841
         error = self._outcome(comm, name, step, failure)
         if error is not None:
@@ -211,36 +212,43 @@ class InnerGroupPlane:
         ``time.monotonic()``) until they end or the control plane gives up on them: ``_run``'s
         verdict. A wait that takes a while is published in the liveness table, as the core's own
         waits are, so that a peer whose deadline passes sees this rank waiting with it."""
-        fence_after = liveness.fence_timeout()
-        peers = [w for w in comm.world_ranks if w != comm.world_rank]
         with contextlib.ExitStack() as published:
+            def publish() -> None:  # at the first look: in the liveness table, and the store's looks
+                published.enter_context(liveness.in_call(name, step))
+                watch.looking(True)
+
             try:
-                next_look, looked = started + _LOOK_EVERY, False
-                pause = self.first_pause
-                for work in works:
-                    while not self._ended_within(work, pause):
-                        pause = min(2 * pause, self.longest_pause)
-                        if self._aborted.is_set():
-                            return "this rank aborted the group"
-                        now = time.monotonic()
-                        if now - started >= deadline_s:
-                            return _deadline_passed(peers, deadline_s)
-                        if now >= next_look:  # only for a collective that takes a while:
-                            if not looked:  # publish the wait, and look at the store from now on
-                                published.enter_context(liveness.in_call(name, step))
-                                watch.looking(True)
-                                looked = True
-                            liveness.beat()
-                            why = self._look_around(peers, watch,
-                                                    fence_after if now - started >= fence_after else None)
-                            if why:
-                                return why
-                            next_look = now + _LOOK_EVERY
-                    work.wait()  # its error, if it failed
-            except RuntimeError as error:
-                return str(error)
+                return self._wait(works, comm, deadline_s, started, watch, publish)
             finally:
                 watch.looking(False)
+
+    def _wait(self, works, comm, deadline_s: float, started: float, watch: AbortWatch, publish) -> str | None:
+        """``_watch_works``'s loop; ``publish()`` is called once, at the first look."""
+        fence_after = liveness.fence_timeout()
+        peers = [w for w in comm.world_ranks if w != comm.world_rank]
+        next_look, looked = started + _LOOK_EVERY, False
+        pause = self.first_pause
+        try:
+            for work in works:
+                while not self._ended_within(work, pause):
+                    pause = min(2 * pause, self.longest_pause)
+                    if self._aborted.is_set():
+                        return "this rank aborted the group"
+                    now = time.monotonic()
+                    if now - started >= deadline_s:
+                        return _deadline_passed(peers, deadline_s)
+                    if now >= next_look:  # only for a collective that takes a while
+                        if not looked:
+                            publish()
+                            looked = True
+                        liveness.beat()
+                        why = self._look_around(peers, watch, fence_after if now - started >= fence_after else None)
+                        if why:
+                            return why
+                        next_look = now + _LOOK_EVERY
+                work.wait()  # its error, if it failed
+        except RuntimeError as error:
+            return str(error)
         return None
 
     def _look_around(self, peers, watch: AbortWatch, fence_after: float | None) -> str | None:
@@ -297,7 +305,8 @@ class InnerGroupPlane:
         last_references = [self._group, self._store]
         self._comm = self._group = self._store = self._watch = None
         self._local_peers = []
-        _release_in_background(last_references)
+        if any(r is not None for r in last_references):
+            _release_in_background(last_references)
 
 
 class Started:
