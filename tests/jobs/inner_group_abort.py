@@ -11,9 +11,13 @@ signals, not through gloo noticing a closed connection.
 - "member": on a second plane, after one checked allreduce, rank 1 aborts its side; rank 0 then
   starts an allreduce that rank 1 never joins: it raises ``ProcFailedError`` ("another member
   aborted the group") at the next look, long before the deadline; the next allreduce on a new
-  communicator makes a new inner group and is exact.
+  communicator makes a new inner group, over the same store (its rank 0 is the same) under a new
+  key prefix, and is exact; so is one that rank 0 waits for (rank 1 joins it late), during which
+  rank 0 looks for abort keys and must not see the old group's.
+- "new rank 0": over a communicator in the other order (world rank 1 is its rank 0) the plane
+  makes a new group over a new store, served by world rank 1, and it is exact.
 
-Reports "phase" per rank and phase: the error type and text, the results, groups made.
+Reports "phase" per rank and phase: the error type and text, the results, groups and stores made.
 """
 import threading
 import time
@@ -69,8 +73,16 @@ outcome = pending_allreduce(comm, plane) if comm.rank == 0 else {}
 comm.barrier()
 fresh = ftcomm.Communicator(timeout=DEADLINE)  # as after a recovery: a new inner group
 again = summed(fresh, plane)
-report(kind="phase", phase="member", exact=exact, again=again, groups_made=plane.groups_made, **outcome)
+if fresh.rank == 1:
+    time.sleep(0.6)  # rank 0 waits past a few looks at the store (inner_group._LOOK_EVERY)
+waited = summed(fresh, plane)
+report(kind="phase", phase="member", exact=exact, again=again, waited=waited, groups_made=plane.groups_made,
+       stores_made=plane.stores_made, **outcome)
 fresh.barrier()
+reordered = fresh.split(0, fresh.size - 1 - fresh.rank)  # world rank 1 is its rank 0
+report(kind="phase", phase="new rank 0", exact=summed(reordered, plane), groups_made=plane.groups_made,
+       stores_made=plane.stores_made)
+reordered.barrier()
 # Rank 0's kept groups hold its abandoned allreduces until rank 1's side of them closes.
 plane = None
 _kept.clear()

@@ -5,17 +5,14 @@ A member that gives up on an inner group writes an abort key into its ``TCPStore
 look for it while they wait. A store client's call can block with no end when the store's server
 (the group's rank 0) is stopped: ``check`` and ``get`` then wait on a socket that never answers,
 past ``set_timeout`` (torch 2.13, checked here). So the looks run on a thread of their own, over
-a client connection of their own (a client serialises its calls: a stuck look must not hold up
-this rank's own ``set`` of the key), and the waiting rank only reads their outcome: the key seen,
-the store failed, or a look unanswered for longer than ``answer_s``.
+a client connection of their own (``group_store.py``: a client serialises its calls, and a stuck
+look must not hold up this rank's own ``set`` of the key), and the waiting rank only reads their
+outcome: the key seen, the store failed, or a look unanswered for longer than ``answer_s``.
 """
 from __future__ import annotations
 
-import datetime
 import threading
 import time
-
-import torch.distributed as dist
 
 ABORT_KEY = "ftcomm/aborted"
 
@@ -24,18 +21,14 @@ class AbortWatch:
     """Looks for ``ABORT_KEY`` in a store every ``every_s`` seconds while ``looking()``.
 
     Args:
-        store: the group's ``TCPStore`` (this makes a second client to the same server).
-        world_size: the store's number of members.
+        client: the group's store through a client that only the watches use (``GroupStores``'s
+            watch store: the group's own key prefix on this rank's second connection).
         every_s: seconds between two looks.
         answer_s: seconds a look may take; past it, the store counts as gone.
-
-    Raises:
-        RuntimeError: the second client could not connect (the server is gone).
     """
 
-    def __init__(self, store, world_size: int, every_s: float, answer_s: float):
-        self._client = dist.TCPStore(store.host, store.port, world_size, False,
-                                     timeout=datetime.timedelta(seconds=answer_s))
+    def __init__(self, client, every_s: float, answer_s: float):
+        self._client = client
         self._every_s, self._answer_s = every_s, answer_s
         self._wanted = threading.Event()
         self._closed = False

@@ -1,10 +1,11 @@
 """An inner torch process group as a data plane: what the gloo and NCCL planes share.
 
 The inner group spans the ranks of the ftcomm communicator it was made for, in the same order, and
-is made anew for each new communicator (after every recovery). Its rendezvous store is a fresh
-``TCPStore`` that the communicator's rank 0 serves on a free port; the address reaches the other
-ranks by a broadcast over the communicator, so a group can be made again whoever died (rank 0
-included), with no fixed master, and no key of an old group can be mistaken for a new one's.
+is made anew for each new communicator (after every recovery). It meets through a ``TCPStore``
+that the communicator's rank 0 serves, under a key prefix of its own (``group_store.py``: the store
+is kept while rank 0 stays, and made anew on a free port when rank 0 was lost), so a group can be
+made again whoever died, with no fixed master, and no key of an old group can be mistaken for a
+new one's.
 
 The control plane, not the transport, decides when a collective has failed. The calling thread
 (ftcomm's communication thread) starts the collective and watches it until it ends (``_run``).
@@ -34,12 +35,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import json
-import socket
 import threading
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,9 +45,9 @@ from ...core import fault, liveness
 from ...errors import FtError, ProcFailedError
 from .abort_watch import ABORT_KEY, AbortWatch
 from .device import is_device
+from .group_store import GroupStores
 from .plane_mismatch import naming_the_plane
 
-_ADDRESS_BYTES = 512
 # "avg" is a sum, divided by the size afterwards (gloo has no AVG).
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
               "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
@@ -66,6 +64,8 @@ class InnerGroupPlane:
 
     Attributes:
         groups_made: inner groups made so far (1 + the recoveries that needed one).
+        stores_made: rendezvous stores this rank connected to for them (``group_store.py``: 1 +
+            the recoveries that lost rank 0).
         completed: collectives that completed here, by name ("allreduce", "allgather").
     """
 
@@ -77,12 +77,17 @@ class InnerGroupPlane:
         self._lock = threading.Lock()  # the group's state: abort() may come from another thread
         self._comm = None
         self._group = None
-        self._store = None  # rank 0's TCPStore serves the rendezvous and the abort key
+        self._stores = GroupStores()  # where the groups meet, kept from one to the next
+        self._store = None  # the current group's view of it: its rendezvous and abort key
         self._watch: AbortWatch | None = None  # looks for the abort key (abort_watch.py)
         self._local_peers: list[int] = []  # world ranks alive on this host when the group was made
         self._aborted = threading.Event()  # abort() was called on this rank for the current group
         self.groups_made = 0
         self.completed: collections.Counter = collections.Counter()
+
+    @property
+    def stores_made(self) -> int:
+        return self._stores.stores_made
 
     # -- what the process group calls (data_plane.py) ------------------------------------------
     def takes(self, tensors) -> bool:
@@ -270,12 +275,12 @@ class InnerGroupPlane:
             self._aborted.clear()
         try:
             with naming_the_plane(self.name, comm):  # the ring's ranks call an allreduce here
-                store = _rendezvous_store(comm, timeout)
+                store, watch_store = self._stores.for_group(comm, float(timeout), _STORE_ANSWER)
             # Alive on this host now: the peers whose exit this rank will see (liveness.finished is
             # also true for peers on other hosts, which the transport or the store must report).
             local_peers = [w for w in comm.world_ranks if w != comm.world_rank and not liveness.finished(w)]
             group = self._make_group(store, comm.rank, comm.size, float(timeout), device)
-            watch = AbortWatch(store, comm.size, _LOOK_EVERY, _STORE_ANSWER)
+            watch = AbortWatch(watch_store, _LOOK_EVERY, _STORE_ANSWER)
         except FtError:
             raise
         except RuntimeError as error:  # a peer died between the broadcast and the rendezvous
@@ -402,19 +407,3 @@ def on_one_device(tensors) -> bool:
 def deadline(timeout) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(timeout))
 
-
-def _rendezvous_store(comm, timeout) -> dist.TCPStore:
-    """A new TCPStore served by ``comm``'s rank 0 on a free port, its address broadcast over
-    ``comm`` (collective)."""
-    address = np.zeros(_ADDRESS_BYTES, np.uint8)
-    store = None
-    if comm.rank == 0:
-        host = socket.gethostname()
-        store = dist.TCPStore(host, 0, comm.size, True, timeout=deadline(timeout), wait_for_workers=False)
-        raw = json.dumps([host, store.port]).encode()
-        address[:len(raw)] = np.frombuffer(raw, np.uint8)
-    comm.broadcast(address, root=0, timeout=timeout)
-    host, port = json.loads(address.tobytes().rstrip(b"\0"))
-    if store is None:
-        store = dist.TCPStore(host, port, comm.size, False, timeout=deadline(timeout))
-    return store
