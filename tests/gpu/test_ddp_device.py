@@ -2,7 +2,8 @@
 gradient allreduce: the survivors recover with bitwise equal state; with a spare, the newcomer
 receives the state (AdamW's whole, or its ZeroRedundancyOptimizer shard) and the job ends at 4
 ranks. Skipped without torch CUDA; scripts/gpu_check.sh
-runs them on a GPU, and its --cpu-dry-run runs them on CPU (GPU_CHECK_DEVICE=cpu)."""
+runs them on a GPU, and its --cpu-dry-run runs two of them (a kill under ZeRO, a spare under ZeRO
+with offload) on CPU (GPU_CHECK_DEVICE=cpu)."""
 import os
 
 import pytest

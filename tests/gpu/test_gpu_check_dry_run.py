@@ -1,5 +1,7 @@
 """scripts/gpu_check.sh --cpu-dry-run: the GPU check's phases on CPU, so that the script itself is
-tested where no GPU is (its own phases are tested files of tests/gpu and a benchmark job)."""
+tested where no GPU is. Its test phases are files of tests/gpu, which the suite runs on CPU: the dry
+run only collects them (a missing file or a broken import fails it), but for two DDP-on-device jobs
+that the suite skips without a GPU, which it runs on CPU; its benchmark job runs."""
 import json
 import subprocess
 import sys
@@ -17,6 +19,8 @@ def test_dry_run_runs_every_phase_and_writes_the_summary(tmp_path):
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert proc.returncode == 0 and summary["all_ok"], proc.stdout[-4000:] + proc.stderr[-2000:]
     assert summary["dry_run"] is True
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "2 passed, 4 deselected" in log, log[-4000:]  # the DDP-on-device kill and spare, on CPU
     assert set(summary["phases"]) == {"import", "test_kernels", "test_allreduce_gpu", "test_staging_host",
                                       "test_torch_staging", "test_ddp_device", "test_nccl_plane",
                                       "bench_backends_n4"}
