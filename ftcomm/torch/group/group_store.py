@@ -70,7 +70,10 @@ class GroupStores:
         if comm.rank != 0 and store_id != self._store_id:
             self._connect(host, port, store_id, comm.size, timeout)
         if self._watch_client is None:
-            self._watch_client = _client(host, port, comm.size, watch_timeout)
+            # Connected under the rendezvous timeout (a connect may wait for a name lookup), then
+            # held to the watch's own for its looks.
+            self._watch_client = _client(host, port, comm.size, timeout)
+            self._watch_client.set_timeout(_seconds(watch_timeout))
         prefix = f"ftcomm/group{group}/"
         return dist.PrefixStore(prefix, self._store), dist.PrefixStore(prefix, self._watch_client)
 
