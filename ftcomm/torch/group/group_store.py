@@ -17,7 +17,7 @@ measured on the test machines, about one connect in twelve. A recovery should no
 
 Each rank holds two clients of the store: one for the group's rendezvous and its abort key, and
 one for ``abort_watch.py``'s looks (a client serialises its calls, and a look may hang on a
-stopped server).
+stopped server). The old groups' keys stay in a kept store: a few small keys per recovery.
 """
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ class GroupStores:
         host, port, store_id, group = json.loads(address.tobytes().rstrip(b"\0"))
         if comm.rank != 0 and store_id != self._store_id:
             self._connect(host, port, store_id, comm.size, timeout)
+        self._store.set_timeout(_seconds(timeout))  # this group's, not the one the store was made for
         if self._watch_client is None:
             # Connected under the rendezvous timeout (a connect may wait for a name lookup), then
             # held to the watch's own for its looks.
