@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 
 from .device import is_device
-from .inner_group import REDUCE_OPS, InnerGroupPlane, deadline
+from .inner_group import REDUCE_OPS, InnerGroupPlane
+from .lifetime import deadline
 
 # Seconds gloo's own timeout of a collective runs past ftcomm's deadline: ftcomm's comes first, so
 # that the control plane judges who kept the collective waiting (and fences a hung rank at once);

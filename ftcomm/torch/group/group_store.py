@@ -21,14 +21,14 @@ stopped server). The old groups' keys stay in a kept store: a few small keys per
 """
 from __future__ import annotations
 
-import datetime
 import json
 import secrets
 import socket
-import threading
 
 import numpy as np
 import torch.distributed as dist
+
+from .lifetime import deadline, release_in_background
 
 _ADDRESS_BYTES = 512
 
@@ -69,18 +69,18 @@ class GroupStores:
         host, port, store_id, group = json.loads(address.tobytes().rstrip(b"\0"))
         if comm.rank != 0 and store_id != self._store_id:
             self._connect(host, port, store_id, comm.size, timeout)
-        self._store.set_timeout(_seconds(timeout))  # this group's, not the one the store was made for
+        self._store.set_timeout(deadline(timeout))  # this group's, not the one the store was made for
         if self._watch_client is None:
             # Connected under the rendezvous timeout (a connect may wait for a name lookup), then
             # held to the watch's own for its looks.
             self._watch_client = _client(host, port, comm.size, timeout)
-            self._watch_client.set_timeout(_seconds(watch_timeout))
+            self._watch_client.set_timeout(deadline(watch_timeout))
         prefix = f"ftcomm/group{group}/"
         return dist.PrefixStore(prefix, self._store), dist.PrefixStore(prefix, self._watch_client)
 
     def _serve(self, size: int, timeout: float) -> None:
         self._drop()
-        self._store = dist.TCPStore(socket.gethostname(), 0, size, True, timeout=_seconds(timeout),
+        self._store = dist.TCPStore(socket.gethostname(), 0, size, True, timeout=deadline(timeout),
                                     wait_for_workers=False)
         self._store_id, self._serves, self._groups = secrets.token_hex(8), True, 0
         self.stores_made += 1
@@ -92,18 +92,14 @@ class GroupStores:
         self.stores_made += 1
 
     def _drop(self) -> None:
-        """Lets go of the old store's clients (its server is gone, or no longer rank 0's) on a
-        thread of its own: a client of a stopped server may block while it closes."""
+        """Lets go of the old store's clients (its server is gone, or no longer rank 0's); a client
+        of a stopped server may block while it closes (lifetime.py)."""
         old = [self._store, self._watch_client]
         self._store = self._watch_client = self._store_id = None
         self._serves = False
-        if any(c is not None for c in old):
-            threading.Thread(target=old.clear, name="ftcomm-old-store-release", daemon=True).start()
+        release_in_background(old, "old-store")
 
 
 def _client(host: str, port: int, size: int, timeout: float):
-    return dist.TCPStore(host, port, size, False, timeout=_seconds(timeout))
+    return dist.TCPStore(host, port, size, False, timeout=deadline(timeout))
 
-
-def _seconds(timeout: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(timeout))

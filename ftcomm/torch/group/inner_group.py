@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import threading
 import time
 
@@ -46,6 +45,7 @@ from ...errors import FtError, ProcFailedError
 from .abort_watch import ABORT_KEY, AbortWatch
 from .device import is_device
 from .group_store import GroupStores
+from .lifetime import release_in_background
 from .plane_mismatch import naming_the_plane
 
 # "avg" is a sum, divided by the size afterwards (gloo has no AVG).
@@ -184,7 +184,7 @@ class InnerGroupPlane:
             fault.point(point, comm.world_rank, step)
         failure = self._run(group, start, comm, name, step, float(timeout))
         # Nothing may keep the group alive on failure (not even a traceback's frame): the last
-        # reference must be the one _outcome releases on a thread of its own (_release_in_background),
+        # reference must be the one _outcome releases on a thread of its own (release_in_background),
         # or gloo's destructor would run here, waiting for a collective stuck on a stopped peer.
         group = None  # noqa: F841
         error = self._outcome(comm, name, step, failure)
@@ -310,8 +310,8 @@ class InnerGroupPlane:
         last_references = [self._group, self._store]
         self._comm = self._group = self._store = self._watch = None
         self._local_peers = []
-        if any(r is not None for r in last_references):
-            _release_in_background(last_references)
+        # gloo's destructor waits for a collective still waiting on a stopped peer (lifetime.py)
+        release_in_background(last_references, "inner-group")
 
 
 class Started:
@@ -361,14 +361,6 @@ class Started:
         return self._plane._outcome(self._comm, "allreduce", self.step, failure)
 
 
-def _release_in_background(holder: list) -> None:
-    """Drops the references in ``holder`` (an inner group and its store: the plane's last
-    references to them) on a thread of its own. gloo's destructor waits for a collective still in
-    progress, and one waiting on a stopped peer runs to gloo's own timeout: the rank that gives up
-    on the group must go on to the step's agreement at once."""
-    threading.Thread(target=holder.clear, name="ftcomm-inner-group-release", daemon=True).start()
-
-
 def _write_abort_key(store) -> None:
     """Writes the abort key into ``store`` from a thread of its own, on this rank's rendezvous
     client (not the watch's, which may be stuck): a store whose server, the group's rank 0, is
@@ -402,8 +394,4 @@ def finish_avg(op: str, tensors, size: int) -> None:
 def on_one_device(tensors) -> bool:
     """Whether ``tensors`` are device tensors, at least one, all on the same device."""
     return bool(tensors) and all(is_device(t) for t in tensors) and len({t.device for t in tensors}) == 1
-
-
-def deadline(timeout) -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(timeout))
 

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from ...core import liveness
-from .inner_group import REDUCE_OPS, InnerGroupPlane, deadline, on_one_device
+from .inner_group import REDUCE_OPS, InnerGroupPlane, on_one_device
+from .lifetime import deadline
 from .ring_plane import RingPlane
 
 _TORCH_DEADLINE_MARGIN = 60.0  # seconds torch's NCCL watchdog waits past ftcomm's deadline
