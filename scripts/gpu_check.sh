@@ -126,8 +126,9 @@ run test_torch_staging 150 "${PYTEST[@]}" tests/gpu/test_torch_device_staging.py
 # plane on CUDA tensors), then a kill with a spare ($GPU_CHECK_DEVICE).
 run test_ddp_device 300 "${DDP_DEVICE[@]}" tests/gpu/test_ddp_device.py
 # The NCCL data plane at world size 1 (NCCL refuses two ranks on one GPU): create, collectives,
-# abort from another thread, rebuild; DDP on it against the staged ring.
-run test_nccl_plane 240 "${PYTEST[@]}" tests/gpu/test_nccl_plane.py
+# abort from another thread, rebuild; DDP, and DDP with ZeRO (its allgather on NCCL), on it
+# against the staged ring.
+run test_nccl_plane 300 "${PYTEST[@]}" tests/gpu/test_nccl_plane.py
 GPUS=0
 [ "$DRY_RUN" = 0 ] && GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 say "GPUs: $GPUS"

@@ -26,7 +26,9 @@ then the state slots, for the replicas, overlapping the allgather). The host arr
 committed state that replication, rebuild, scrub and state dicts work on; the device copy
 follows them (``adopt``) after a rebuild or a load. The device object's interface:
 ``gather_grads(layout, rank)``, ``update(stepper, staging, start, scalars) -> scalars``,
-``wait_params()``, ``wait_state()``, ``committed()``, ``adopt(live)``.
+``wait_params()``, ``wait_state()``, ``committed()``, ``adopt(live)``, and for a data plane that
+moves device memory (its ``takes`` says so for the device ``staging``), ``gather_buffer(flat)``
+and ``gathered_to_host(flat)``: step 3 then runs there, device to device.
 """
 from __future__ import annotations
 
@@ -105,9 +107,10 @@ class ShardedOptimizer:
             "avg" (equal local batches only).
         timeout: deadline in seconds for each collective, default FTCOMM_TIMEOUT.
         data_plane: what moves a step's parameter allgather (3. above): an object with
-            ``allgather(comm, src, dst, timeout)`` and ``abort()``, such as the torch backend's
-            inner gloo group (``ftcomm/torch/group/data_plane.py``); None (default): the
-            communicator's ring. The step's agreement over ``comm`` commits it either way.
+            ``takes(tensors)``, ``allgather(comm, src, dst, timeout)`` and ``abort()``, such as
+            the torch backend's inner gloo or NCCL group (``ftcomm/torch/group/data_plane.py``),
+            which allgathers on the device when it takes the ``device``'s tensors; None
+            (default): the communicator's ring. The step's agreement over ``comm`` commits it either way.
         **defaults: the optimizer class's other arguments (betas, weight_decay, momentum, ...).
 
     Memory per rank (bytes): full params 4P + flat grads 4P + live and staging shards
@@ -333,13 +336,11 @@ class ShardedOptimizer:
             self._staging_scalars = self._update_shard()
             clock.mark("update")
             fault.point("param_allgather", self.comm.world_rank, step)
-            if self.device is not None:
-                self.device.wait_params()  # the new parameters' copy to the host
             self._allgather_params()
             clock.mark("allgather")
             fault.point("replicate", self.comm.world_rank, step)
             if self.device is not None:
-                self.device.wait_state()  # the state slots' copy, which overlapped the allgather
+                self.device.wait_state()  # the state slots' (and gathered parameters') copies
             header = encode_header(self.replica_meta(step, meta, scalars=self._staging_scalars), self.staging)
             self._staging_header = header
             self.last_bytes_replicated = self.store.replicate(self.comm, header, self.staging, self.flat,
@@ -355,11 +356,24 @@ class ShardedOptimizer:
                 self.device.wait_state()  # no copy into ``staging`` may outlive the step (a rebuild reuses it)
 
     def _allgather_params(self) -> None:
-        """Every rank's new parameter shard into the model's flat parameters, uncommitted."""
+        """Every rank's new parameter shard into the model's flat parameters, uncommitted: from
+        the device staging shard into the device's buffer when the data plane moves device memory
+        (``device_shard.py``; the host flat parameters follow on the side stream), else from the
+        host staging shard."""
+        if self._gathers_on_device():
+            gathered = self.device.gather_buffer(self.flat)
+            self.data_plane.allgather(self.comm, self.device.staging[0], gathered, self.timeout)
+            self.device.gathered_to_host(self.flat)
+            return
+        if self.device is not None:
+            self.device.wait_params()  # the new parameters' copy to the host
         if self.data_plane is None:
             self.comm.allgather(self.staging[0], self.flat, timeout=self.timeout)
         else:
             self.data_plane.allgather(self.comm, self.staging[0], self.flat, self.timeout)
+
+    def _gathers_on_device(self) -> bool:
+        return self.device is not None and self.data_plane is not None and self.data_plane.takes([self.device.staging])
 
     def _revoke_for_peers(self) -> None:
         """Revokes the communicator (and aborts the data plane) so that peers waiting on this rank

@@ -16,14 +16,18 @@ import torch
 
 class FakeTorchDevice:
     def __init__(self):
-        self._marked: dict[int, torch.Tensor] = {}
+        self._marked: dict[int, torch.Tensor] = {}  # by id, kept alive: ids stay unique while marked
+        self._marked_memory: set[int] = set()  # data pointers of their storages
         self._kernels: list[threading.Thread] = []
         self.events: list[str] = []
         self._lock = threading.Lock()
         self.copy_delay = 0.02  # seconds a shard's device-to-host copy takes (shard_to_host)
+        self._side_stream_tail: list[threading.Thread] = []  # the last copy started: the next waits for it
 
     def mark(self, t: torch.Tensor) -> torch.Tensor:
-        self._marked[id(t)] = t  # kept alive: ids stay unique while marked
+        self._marked[id(t)] = t
+        if t.untyped_storage().nbytes():
+            self._marked_memory.add(t.untyped_storage().data_ptr())
         return t
 
     def launch(self, fn, delay: float) -> None:
@@ -42,7 +46,9 @@ class FakeTorchDevice:
 
     # -- the operations ftcomm.torch.group.device calls ------------------------------------------
     def is_device(self, t: torch.Tensor) -> bool:
-        return id(t) in self._marked
+        """A marked tensor, or a view of one's memory (as a view of a CUDA tensor is on the device)."""
+        return id(t) in self._marked or (t.untyped_storage().nbytes() > 0
+                                         and t.untyped_storage().data_ptr() in self._marked_memory)
 
     def ready_marker(self, tensors: list) -> list:
         self._log("marker")
@@ -78,22 +84,62 @@ class FakeTorchDevice:
         t.copy_(host)
 
     def shard_to_host(self, shard: torch.Tensor, host: torch.Tensor) -> tuple:
-        """As a copy on a side stream: row 0 lands ``copy_delay`` seconds after the call, the
-        other rows ``copy_delay`` later, each on a thread that ``wait`` joins."""
+        """As a copy on a side stream: row 0 lands ``copy_delay`` seconds after the copies started
+        before it, the other rows ``copy_delay`` later, each on a thread that ``wait`` joins."""
         self._log("shard_to_host")
+        first = self._copy_later(shard[0], host[0], "copied rows 0:1")
+        return first, self._copy_later(shard[1:], host[1:], f"copied rows 1:{shard.shape[0]}")
 
-        def copy(rows, after):
-            if after is not None:
-                after.join()
+    def to_host_async(self, t: torch.Tensor, host: torch.Tensor) -> list:
+        """A copy on the side stream that lands as late as a stream may let it: when it is waited
+        for, or when a copy started after it needs it, so that a missing ``wait`` reads the old
+        values."""
+        self._log("to_host_async")
+        after = self._side_stream_tail
+
+        def copy():
+            for earlier in after:
+                earlier.join()
+            host.copy_(t)
+            self._log("copied to the host")
+
+        self._side_stream_tail = [_CopyWhenWaited(copy)]
+        return self._side_stream_tail
+
+    def copy_on_device(self, pairs: list) -> None:
+        self._log("copy_on_device")
+        for src, dst in pairs:
+            dst.copy_(src)
+
+    def _copy_later(self, t, host, what: str) -> list:
+        """``host.copy_(t)`` on a thread, ``copy_delay`` seconds after the copy started before it
+        has landed (one side stream, in order)."""
+        after = self._side_stream_tail
+
+        def copy():
+            for earlier in after:
+                earlier.join()
             time.sleep(self.copy_delay)
-            host[rows].copy_(shard[rows])
-            self._log(f"copied rows {rows.start}:{rows.stop}")
+            host.copy_(t)
+            self._log(what)
 
-        first = threading.Thread(target=copy, args=(slice(0, 1), None), daemon=True)
-        first.start()
-        rest = threading.Thread(target=copy, args=(slice(1, shard.shape[0]), first), daemon=True)
-        rest.start()
-        return [first], [rest]
+        thread = threading.Thread(target=copy, daemon=True)
+        thread.start()
+        self._side_stream_tail = [thread]
+        return [thread]
+
+
+class _CopyWhenWaited:
+    """A copy that runs at its first ``join`` (a marker ``wait`` joins)."""
+
+    def __init__(self, copy):
+        self._copy, self._lock, self._done = copy, threading.Lock(), False
+
+    def join(self) -> None:
+        with self._lock:
+            if not self._done:
+                self._copy()
+                self._done = True
 
 
 @contextmanager

@@ -43,10 +43,11 @@ def _check_shard(reports, optimizer: str) -> None:
         assert rep["device_matches_host"] is on_device, rep
 
 
-@pytest.mark.parametrize("optimizer, plane", [("adamw", "ring"), ("zero", "ring"), ("adamw", "gloo")])
+@pytest.mark.parametrize("optimizer, plane", [("adamw", "ring"), ("zero", "ring"), ("adamw", "gloo"), ("zero", "gloo")])
 def test_kill_recovers_with_identical_state_on_the_survivors(optimizer, plane):
     """On "gloo", the buckets (CUDA tensors on a GPU) go through an inner gloo group as they are,
-    under ftcomm's control plane; the kill is then in that plane's allreduce."""
+    under ftcomm's control plane, and so does ZeRO's parameter allgather (from the device shard
+    into device memory); the kill is then in that plane's allreduce."""
     kill = KILL if plane == "ring" else {"FTCOMM_FAULT": KILL["FTCOMM_FAULT"].replace("reduce_scatter", "data_plane")}
     job = run_job(JOBS / "ddp_device.py", 4, "--device", DEVICE, *_zero_args(optimizer),
                   env={**JOB_ENV, **kill, "FTCOMM_DATA_PLANE": plane}, timeout=240)
@@ -55,6 +56,7 @@ def test_kill_recovers_with_identical_state_on_the_survivors(optimizer, plane):
         assert rep["world_size"] == 3 and rep["plane"] == plane, rep
         if plane == "gloo":
             assert rep["plane_allreduces"] > 0, rep
+            assert (rep["plane_allgathers"] > 0) is (optimizer == "zero"), rep
     _check_shard(reports, optimizer)
 
 

@@ -20,7 +20,7 @@ def test_dry_run_runs_every_phase_and_writes_the_summary(tmp_path):
     assert proc.returncode == 0 and summary["all_ok"], proc.stdout[-4000:] + proc.stderr[-2000:]
     assert summary["dry_run"] is True
     log = (tmp_path / "gpu_check.log").read_text()
-    assert "2 passed, 4 deselected" in log, log[-4000:]  # the DDP-on-device kill and spare, on CPU
+    assert "2 passed, 5 deselected" in log, log[-4000:]  # the DDP-on-device kill and spare, on CPU
     assert set(summary["phases"]) == {"import", "test_kernels", "test_allreduce_gpu", "test_staging_host",
                                       "test_torch_staging", "test_ddp_device", "test_nccl_plane",
                                       "bench_backends_n4"}

@@ -2,7 +2,8 @@
 one GPU, so a one-GPU machine checks here what it can: the inner group is made, its allreduces
 are exact on CUDA tensors, an abort from another thread ends a collective still queued behind a
 kernel, and the next collective makes a new group. DDP at world size 1 on the NCCL plane ends
-bitwise where the staged ring ends. Skipped without torch's NCCL and a CUDA device
+bitwise where the staged ring ends, and so does DDP with ZeroRedundancyOptimizer, whose
+parameter allgather then runs on NCCL from the device shard. Skipped without torch's NCCL and a CUDA device
 (scripts/gpu_check.sh runs it)."""
 import threading
 
@@ -84,3 +85,17 @@ def test_ddp_on_the_nccl_plane_ends_where_the_staged_ring_ends():
         assert "silent data corruption" not in job.stderr, job.describe()
         digests[plane, bool(extra)] = (rep["params"], rep["optimizer"])
     assert len(set(digests.values())) == 1, digests
+
+
+def test_zero_on_the_nccl_plane_allgathers_on_the_device_and_ends_where_the_ring_ends():
+    digests = {}
+    for plane in ("ring", "nccl"):
+        job = run_job(JOBS / "ddp_device.py", 1, "--device", "cuda", "--zero",
+                      env={**JOB_ENV, "FTCOMM_DATA_PLANE": plane}, timeout=240)
+        assert job.returncode == 0, job.describe()
+        rep = job.by_rank(kind="final")[0]
+        assert rep["plane"] == plane and rep["shard_on_device"] and rep["device_matches_host"], rep
+        if plane == "nccl":
+            assert rep["plane_allgathers"] == rep["applied"] > 0, rep  # every step's allgather on NCCL
+        digests[plane] = (rep["params"], rep["optimizer"])
+    assert digests["ring"] == digests["nccl"], digests

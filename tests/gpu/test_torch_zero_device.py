@@ -9,6 +9,9 @@ from gpu_env import JOB_ENV, JOBS  # noqa: E402
 from harness import run_job  # noqa: E402
 
 KILL_IN_SHARD_UPDATE = {**JOB_ENV, "FTCOMM_FAULT": "rank=3,point=shard_update,step=5,kind=kill"}
+# The inner gloo group as the data plane: it takes device tensors, so the "device" model's
+# parameter allgather runs from its device shard into a device buffer (device_shard.py).
+GLOO_PLANE = {"FTCOMM_DATA_PLANE": "gloo"}
 
 
 def reports_of(kind: str, ranks: list, *args, env=JOB_ENV, **run):
@@ -21,12 +24,16 @@ def reports_of(kind: str, ranks: list, *args, env=JOB_ENV, **run):
     return job, reports
 
 
-def test_device_parameters_train_exactly_as_host_ones():
-    job, reports = reports_of("compare", [0, 1, 2, 3], "compare")
+@pytest.mark.parametrize("plane", ["ring", "gloo"])
+def test_device_parameters_train_exactly_as_host_ones(plane):
+    env = {**JOB_ENV, "FTCOMM_DATA_PLANE": plane}
+    job, reports = reports_of("compare", [0, 1, 2, 3], "compare", env=env)
     for rep in reports.values():
+        assert rep["plane"] == plane, rep
         for name in ("device", "offload"):
             assert rep[name]["param_diff"] == 0.0 and rep[name]["state_diff"] == 0.0, rep
             assert rep[name]["moved"], rep  # the device parameters did change
+            assert rep[name]["scrub_found"] is False, rep
         device, offload = rep["device"], rep["offload"]
         assert device["on_device"] and device["device_matches_host"] is True, rep
         assert not offload["on_device"], rep
@@ -36,10 +43,16 @@ def test_device_parameters_train_exactly_as_host_ones():
         assert device["copies"]["to_host"] == 4 and device["copies"]["shard_to_host"] == 12, rep
         assert device["copies"]["to_device"] == 1, rep
         # Offloaded: the gradients of 4 parameters went to the host each step (plus the 4 master
-        # copies at construction), no shard copies.
+        # copies at construction), no shard copies; the parameters back after each step, plus at
+        # construction.
         assert offload["copies"]["to_host"] == 4 + 12 * 4 and offload["copies"]["shard_to_host"] == 0, rep
-        for name in ("device", "offload"):  # parameters back after each step, plus at construction
-            assert rep[name]["copies"]["copy_back"] == 13, rep
+        assert offload["copies"]["copy_back"] == 13 and offload["copies"]["copy_on_device"] == 0, rep
+        if plane == "ring":  # the allgather on the host copies: the parameters back after each step
+            assert device["copies"]["copy_back"] == 13 and device["copies"]["to_host_async"] == 0, rep
+            assert device["copies"]["copy_on_device"] == 0, rep
+        else:  # allgathered on the device: copied into the parameters there, and to the host flat copy
+            assert device["copies"]["copy_back"] == 1, rep  # construction only
+            assert device["copies"]["copy_on_device"] == 12 and device["copies"]["to_host_async"] == 12, rep
 
 
 def test_other_optimizers_state_dicts_scrub_and_added_groups_on_the_device():
@@ -64,11 +77,15 @@ def test_kill_in_the_shard_update_leaves_device_parameters_at_the_committed_step
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("point", ["param_allgather", "replicate"])
-def test_kill_after_the_shard_copy_started_recovers_the_device_shard(point):
+@pytest.mark.parametrize("point, plane", [
+    ("param_allgather", "ring"), ("replicate", "ring"), ("replicate", "gloo"),
+    pytest.param("param_allgather", "gloo", marks=pytest.mark.matrix)])  # the gloo plane's subset by default
+def test_kill_after_the_shard_copy_started_recovers_the_device_shard(point, plane):
     """A rank dies while the new shard is being copied to the host or right after (the copy's
-    buffers are reused by the rebuild): every survivor's device shard is its host shard, bitwise."""
-    env = {**JOB_ENV, "FTCOMM_FAULT": f"rank=1,point={point},step=4,kind=kill"}
+    buffers are reused by the rebuild), and on the gloo plane before or after the allgather
+    into the device buffer: every survivor's device shard is its host shard, bitwise, and its
+    device parameters are the committed ones."""
+    env = {**JOB_ENV, "FTCOMM_DATA_PLANE": plane, "FTCOMM_FAULT": f"rank=1,point={point},step=4,kind=kill"}
     job, reports = reports_of("kill", [0, 2, 3], "kill", "device", env=env)
     for rep in reports.values():
         assert rep["voided"] == [True] and rep["device_matches_host"] is True, rep
@@ -77,10 +94,11 @@ def test_kill_after_the_shard_copy_started_recovers_the_device_shard(point):
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("mode", ["device", "offload"])
+@pytest.mark.parametrize("mode", ["device", "offload", pytest.param("device-gloo", marks=pytest.mark.matrix)])
 def test_spare_receives_its_shard_and_its_device_parameters(mode):
-    job, reports = reports_of("kill", [0, 1, 2, 4], "kill", mode, env=KILL_IN_SHARD_UPDATE,
-                              launcher_args=("--spares", "1"))
+    env = {**KILL_IN_SHARD_UPDATE, **(GLOO_PLANE if mode == "device-gloo" else {})}
+    mode = mode.split("-")[0]
+    job, reports = reports_of("kill", [0, 1, 2, 4], "kill", mode, env=env, launcher_args=("--spares", "1"))
     for rep in reports.values():
         assert rep["size"] == 4 and rep["device"] == rep["engine"], rep
         assert rep["device_matches_host"] is (True if mode == "device" else None), rep

@@ -23,8 +23,9 @@ The inner groups share their rendezvous, their watching of a collective and thei
 - ``start_allreduce(comm, tensors, op, timeout)``: the same allreduce started from the caller's
   thread, its watch left to the communication thread (``inner_group.Started``), or None where the
   plane cannot (the ring: always; an inner group: before it is made, and for CUDA tensors);
-- ``allgather(comm, src, dst, timeout)``: gather every rank's 1-D numpy ``src`` into ``dst`` in
-  rank order, uncommitted (ZeRO's parameter allgather: ``ShardedOptimizer(data_plane=...)``);
+- ``allgather(comm, src, dst, timeout)``: gather every rank's 1-D ``src`` into ``dst`` in rank
+  order, uncommitted (ZeRO's parameter allgather: ``ShardedOptimizer(data_plane=...)``): numpy
+  arrays, or tensors the plane ``takes`` (an inner group's: a GPU model's shard, device to device);
 - ``abort()``: after a local error, end this rank's part so that peers waiting on it fail now.
 
 A failure raises an ``FtError`` on this rank (the step's agreement makes the outcome uniform);

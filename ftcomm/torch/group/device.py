@@ -80,19 +80,29 @@ class CudaOps:
         """Starts copying the device ``shard`` (slots, L) into ``host`` (page-locked, same shape)
         on a side stream, after the work queued so far on the current stream: row 0 first, then
         the rest. Returns (marker of row 0, marker of the rest) for ``wait``."""
-        dev = shard.device
+        return self.to_host_async(shard[0], host[0]), self.to_host_async(shard[1:], host[1:])
+
+    def to_host_async(self, t: torch.Tensor, host: torch.Tensor) -> list:
+        """Starts copying the device tensor ``t`` into ``host`` (page-locked, same shape) on this
+        device's side stream, after the work queued so far on the current stream, and after the
+        copies started on the side stream before it. Returns a marker for ``wait``."""
+        dev = t.device
         with torch.cuda.device(dev):
             side = self._side_stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
-                host[0].copy_(shard[0], non_blocking=True)
-                first = torch.cuda.Event()
-                first.record(side)
-                host[1:].copy_(shard[1:], non_blocking=True)
-                rest = torch.cuda.Event()
-                rest.record(side)
-            shard.record_stream(side)  # the caching allocator must not reuse it before the copy ends
-        return [first], [rest]
+                host.copy_(t, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(side)
+            t.record_stream(side)  # the caching allocator must not reuse it before the copy ends
+        return [done]
+
+    def copy_on_device(self, pairs: list) -> None:
+        """Copies each (source, destination) pair of tensors on one device, on the current
+        stream: the kernels queued after it see the copy, and the host does not wait for it."""
+        for src, dst in pairs:
+            with torch.cuda.device(dst.device):
+                dst.copy_(src, non_blocking=True)
 
     def _side_stream(self, dev: torch.device):
         if dev not in self._side_streams:

@@ -7,13 +7,13 @@ rank's connections, which is how a rank aborts it here: ``ProcessGroupGloo.abort
 interrupt a collective in progress (torch 2.13 and 2.15, checked here: a collective waiting on a
 stopped peer ran to gloo's own timeout after it). Its destructor waits for such a collective too,
 so the group is released on a thread of its own (``inner_group.py``). CUDA tensors are taken as
-they are (gloo copies them through host memory itself, one tensor per collective).
+they are (gloo copies them through host memory itself, one tensor per collective), and so are
+the parameter shards of a ZeRO model on a GPU.
 """
 from __future__ import annotations
 
 import datetime
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
@@ -37,22 +37,13 @@ class GlooPlane(InnerGroupPlane):
     # whole milliseconds, and 0 means no timeout at all.
     first_pause, longest_pause = 1e-3, 0.05
 
-    def allgather(self, comm, src: np.ndarray, dst: np.ndarray, timeout) -> None:
-        """Gathers every rank's contiguous 1-D ``src`` (the same length and dtype on every rank)
-        into the contiguous ``dst`` of ``comm.size * src.size`` elements, in rank order,
-        uncommitted: the caller's agreement commits it (ZeRO's parameter allgather).
-
-        Raises:
-            ProcFailedError, FtError: as ``allreduce``; ``dst`` is then undefined.
-        """
-        opts = _c10d.AllgatherOptions()
-        opts.timeout = deadline(timeout + _GLOO_MARGIN)
-        out, inp = torch.from_numpy(dst.reshape(-1)), torch.from_numpy(src.reshape(-1))
-        self._collective(comm, timeout, comm.last_committed_step + 1, "allgather",
-                         lambda group: [group._allgather_base(out, inp, opts)])
-
     def _make_group(self, store, rank: int, size: int, timeout: float, device):
         return dist.ProcessGroupGloo(store, rank, size, deadline(timeout))
+
+    def _start_allgather(self, group, out, inp, timeout):
+        opts = _c10d.AllgatherOptions()
+        opts.timeout = deadline(timeout + _GLOO_MARGIN)
+        return group._allgather_base(out, inp, opts)
 
     def _start_allreduce(self, group, tensors, op: str, timeout) -> list:
         if any(is_device(t) for t in tensors):  # gloo's CUDA allreduce takes one tensor at a time

@@ -60,7 +60,7 @@ class InnerGroupPlane:
 
     Subclasses say how to make the group (``_make_group``), which tensors it takes as they are
     (``takes``), how to start its collectives and wait a little for them (``_start_allreduce``,
-    ``_ended_within``), and how to abort it (``_abort_group``).
+    ``_start_allgather``, ``_ended_within``), and how to abort it (``_abort_group``).
 
     Attributes:
         groups_made: inner groups made so far (1 + the recoveries that needed one).
@@ -118,6 +118,20 @@ class InnerGroupPlane:
         finish_avg(op, tensors, comm.size)
         return step
 
+    def allgather(self, comm, src, dst, timeout) -> None:
+        """Gathers every rank's contiguous 1-D ``src`` (the same length and dtype on every rank)
+        into the contiguous 1-D ``dst`` of ``comm.size * len(src)`` elements, in rank order,
+        uncommitted: the caller's agreement commits it (ZeRO's parameter allgather). ``src`` and
+        ``dst``: numpy arrays, or torch tensors this plane ``takes`` (on one device: no copy).
+
+        Raises:
+            ProcFailedError, FtError: as ``allreduce``; ``dst`` is then undefined.
+        """
+        inp, out = _as_tensor(src), _as_tensor(dst)
+        self._collective(comm, timeout, comm.last_committed_step + 1, "allgather",
+                         lambda group: [self._start_allgather(group, out, inp, timeout)],
+                         device=inp.device if is_device(inp) else None)
+
     def starts_inline(self, tensors) -> bool:
         """Whether ``start_allreduce`` may start an allreduce of ``tensors`` from the caller's
         thread: host tensors (a CUDA tensor's completion would need its streams' order kept)."""
@@ -164,6 +178,10 @@ class InnerGroupPlane:
 
     def _start_allreduce(self, group, tensors, op: str, timeout) -> list:
         """Starts the allreduce of ``tensors`` on ``group``; returns its works."""
+        raise NotImplementedError
+
+    def _start_allgather(self, group, out, inp, timeout):
+        """Starts the allgather of the 1-D ``inp`` into the 1-D ``out`` on ``group``; returns its work."""
         raise NotImplementedError
 
     def _ended_within(self, work, seconds: float) -> bool:
@@ -389,6 +407,11 @@ def finish_avg(op: str, tensors, size: int) -> None:
     if op == "avg":
         for t in tensors:
             t.div_(size)
+
+
+def _as_tensor(a):
+    """A torch view of a numpy array (a tensor as it is)."""
+    return a if isinstance(a, torch.Tensor) else torch.from_numpy(a.reshape(-1))
 
 
 def on_one_device(tensors) -> bool:

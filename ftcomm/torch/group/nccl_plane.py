@@ -13,7 +13,10 @@ host; ftcomm's communicator stays the control plane (the step's one agreement, r
   group is made), so that the survivors live to recover.
 - **Made anew.** After a recovery the next bucket makes a new group over the new membership, under
   a new store; the old one is aborted, never destroyed (destroying waits for a dead peer).
-- **Host tensors** (ZeRO's parameter allgather, buckets on the CPU) go through ftcomm's ring.
+- **ZeRO's parameter allgather** of a model on the GPU gathers the new parameter shards from
+  device memory into device memory here too (``ShardedOptimizer._allgather_params``).
+- **Host tensors** (buckets on the CPU, a CPU model's parameter allgather) go through ftcomm's
+  ring.
 
 NCCL cannot put two ranks on one GPU ("Duplicate GPU detected"): with one GPU this plane runs at
 world size 1 only (``scripts/gpu_check.sh``). torch 2.15's ``ProcessGroupNCCL.shrink`` could
@@ -27,6 +30,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
 
 from ...core import liveness
 from .inner_group import REDUCE_OPS, InnerGroupPlane, on_one_device
@@ -63,8 +67,12 @@ class NcclPlane(InnerGroupPlane):
         return False
 
     def allgather(self, comm, src, dst, timeout) -> None:
-        """ZeRO's parameter allgather: host arrays, through ftcomm's ring."""
-        self._ring.allgather(comm, src, dst, timeout)
+        """ZeRO's parameter allgather: device tensors through NCCL, host arrays through ftcomm's
+        ring."""
+        if isinstance(src, torch.Tensor) and on_one_device([src, dst]):
+            super().allgather(comm, src, dst, timeout)
+        else:
+            self._ring.allgather(comm, src, dst, timeout)
 
     def _make_group(self, store, rank: int, size: int, timeout: float, device):
         options = dist.ProcessGroupNCCL.Options()
@@ -91,6 +99,9 @@ class NcclPlane(InnerGroupPlane):
         opts = dist.AllreduceCoalescedOptions()
         opts.reduceOp = REDUCE_OPS[op]
         return [group.allreduce_coalesced(list(tensors), opts)]
+
+    def _start_allgather(self, group, out, inp, timeout):
+        return group._allgather_base(out, inp, _c10d.AllgatherOptions())
 
     def _ended_within(self, work, seconds: float) -> bool:
         """NCCL's ``wait(timeout)`` may abort the communicator itself when it times out: poll."""

@@ -84,8 +84,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             the engine works on them in place. On a GPU (every parameter on one device) the
             shard's state lives in device memory and torch's device kernels update it, with its
             committed copy in page-locked host memory and the replicas in host memory
-            (``device_shard.py``); the device parameters receive each committed step from host
-            master copies (``host_master.py``).
+            (``device_shard.py``). The device parameters receive each committed step from host
+            master copies (``host_master.py``), or, where the group's data plane moves device
+            memory (``FTCOMM_DATA_PLANE=nccl``, or gloo), from the step's allgather on the device.
         optimizer_class: a ``torch.optim.Optimizer`` class whose update is elementwise (SGD,
             Adam, AdamW, Adagrad, RMSprop, NAdam, RAdam, Adamax, ASGD, Rprop, Adadelta).
         process_group: the ftcomm process group DDP uses (default: the default group).
@@ -213,7 +214,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._engine.apply_gradients()
         except _FAILURES as exc:
             self._recover_from(exc)
-        self._master.params_to_device()  # committed, or the rebuilt last committed step
+        shard = self._engine.device
+        if shard is not None and shard.holds_committed_params:
+            shard.params_from_gathered()  # the step allgathered them on the device
+        else:
+            self._master.params_to_device()  # committed, or the rebuilt last committed step
         return loss
 
     def _recover_from(self, exc) -> None:

@@ -76,5 +76,6 @@ else:
 plane = dist.group.WORLD.data_plane
 report(kind="final", world_size=dist.get_world_size(), applied=loader.steps_applied, redone=loader.steps_redone,
        plane=plane.name, plane_allreduces=getattr(plane, "completed", {}).get("allreduce", 0),
+       plane_allgathers=getattr(plane, "completed", {}).get("allgather", 0),
        params=digest(model.parameters()), optimizer=digest(moments),
        device=next(model.parameters()).device.type, joined=loader.joined, **shard)

@@ -7,7 +7,9 @@ the default) and, with ``offload``, on the host (ftcomm/torch/zero/host_master.p
 compare: a host model, a "device" model and an offloaded "device" model, same seeds, same
     batches, DDP and AdamW ZeRO each; reports the largest difference of each device model's
     parameters and consolidated state from the host model's (the math is the same CPU kernels
-    here: 0 expected), and the copies each device path made.
+    here: 0 expected), the copies each device path made, and whether a scrub of the replicas
+    found a bad copy. Under FTCOMM_DATA_PLANE=gloo the
+    "device" model's parameter allgather runs on its device tensors.
 api: the same for SGD with momentum, Adagrad, RMSprop and ASGD, then (AdamW) a state dict loaded
     back, the scrub, and a param group added mid-training, each followed by steps: reports the
     largest differences and whether the device shard still equals the host one.
@@ -90,8 +92,8 @@ def compare_mode():
         for x, y, _ in batches:
             train_step(ddp, opt, x, y)
         events = fake.events[before:]
-        results[name] = (model, opt, {kind: events.count(kind) for kind in ("to_host", "copy_back", "shard_to_host",
-                                                                             "to_device")})
+        results[name] = (model, opt, {kind: events.count(kind) for kind in (
+            "to_host", "copy_back", "shard_to_host", "to_device", "to_host_async", "copy_on_device")})
     host_model, host_opt, _ = results["host"]
     out = {}
     for name in ("device", "offload"):
@@ -101,8 +103,11 @@ def compare_mode():
                      "state_diff": (state_vector(host_opt) - state_vector(opt)).abs().max().item(),
                      "copies": copies, "on_device": opt.sharded.device is not None,
                      "device_matches_host": device_matches_host(opt),
+                     # every replica against its owner's checksum: the wards' parameter slots
+                     # are taken from the host flat parameters, which the device must have filled
+                     "scrub_found": opt.sharded.check_state() is not None,
                      "moved": bool((model[0].weight - make(False)[0][0].weight).abs().max() > 0)}
-    report(kind="compare", **out)
+    report(kind="compare", plane=dist.group.WORLD.data_plane.name, **out)
 
 
 def differences(a, b) -> dict:
