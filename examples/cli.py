@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 # Where each launcher puts the process's world rank (Open MPI / PRRTE, PMIx, MPICH's Hydra).
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
@@ -49,3 +50,26 @@ def kill_spec(text: str) -> tuple[int, int]:
 def every(text: str):
     """--checkpoint-every: a number of steps, or "auto"."""
     return text if text == "auto" else int(text)
+
+
+def add_device_argument(parser: argparse.ArgumentParser, on_cuda: str) -> None:
+    """--device cpu|cuda; ``on_cuda`` says what moves to the GPU beyond the model."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help=f"cuda: each rank on GPU LOCAL_RANK mod the GPUs it sees; {on_cuda}")
+
+
+def training_device(choice: str, script: str):
+    """The torch device this rank trains on for ``--device choice``: the CPU, or the GPU LOCAL_RANK
+    modulo the GPUs torch sees, made current. Where torch sees none, world rank 0 says so and
+    every rank exits with status 2. Call it before ``init_process_group``."""
+    import torch
+
+    if choice != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if launched_rank() == 0:  # one message for the whole job
+            print(f"{script}: --device cuda needs a CUDA device, and torch {torch.__version__} sees none",
+                  file=sys.stderr, flush=True)
+        sys.exit(2)
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())

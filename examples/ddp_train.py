@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from cli import Parser, every, kill_spec, launched_rank  # examples/cli.py
+from cli import Parser, add_device_argument, every, kill_spec, training_device  # examples/cli.py
 
 
 def parse_args():
@@ -31,9 +31,8 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--backend", default="ftcomm")  # ftcomm (was "gloo")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: each rank on GPU LOCAL_RANK mod the GPUs it sees; the gradient buckets then "
-                             "go through FTCOMM_DATA_PLANE's plane (nccl: in device memory)")
+    add_device_argument(parser, "the gradient buckets then go through FTCOMM_DATA_PLANE's plane "
+                                "(nccl: in device memory)")
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK inside the gradient allreduce of step "
                              "STEP (steps are counted from 1 over the whole run, as the logs and "
@@ -65,15 +64,7 @@ import ftcomm.torch  # noqa: E402 (ftcomm)
 def main():
     args = ARGS
 
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            if launched_rank() == 0:  # one message for the whole job
-                print(f"ddp_train.py: --device cuda needs a CUDA device, and torch {torch.__version__} sees none",
-                      file=sys.stderr, flush=True)
-            sys.exit(2)
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = training_device(args.device, "ddp_train.py")
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     if args.kill and not ftcomm.fault.can_recover("--kill"):

@@ -9,6 +9,7 @@ exists to kill a rank on purpose.
     ftcomm-run -n 4 python examples/zero_train.py
     ftcomm-run -n 4 python examples/zero_train.py --kill 2@30             # world rank 2 dies in step 30
     ftcomm-run -n 4 --spares 1 python examples/zero_train.py --kill 2@30  # a spare takes its place
+    FTCOMM_DATA_PLANE=nccl ftcomm-run -n 2 python examples/zero_train.py --device cuda --kill 1@30  # 2+ GPUs
     # a node crash ends the whole job; ftcomm-run relaunches it on n1, which resumes from ckpt/
     ftcomm-run --hostfile hosts --fake-nodes --ranks-per-node 2 -n 4 --restarts 2 \
         python examples/zero_train.py --checkpoint-dir ckpt --crash-node n2@30
@@ -27,7 +28,7 @@ import os
 import sys
 import time
 
-from cli import Parser, every, kill_spec  # examples/cli.py
+from cli import Parser, add_device_argument, every, kill_spec, training_device  # examples/cli.py
 
 
 def parse_args():
@@ -36,6 +37,9 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--replicas", type=int, default=1, help="buddies keeping a copy of each shard")
+    add_device_argument(parser, "the shard's optimizer state is then kept and updated there, and with "
+                                "FTCOMM_DATA_PLANE=nccl the gradient buckets and the parameter allgather "
+                                "stay in device memory")
     parser.add_argument("--kill", type=kill_spec, metavar="RANK@STEP",
                         help="demo only: SIGKILL world rank RANK in the shard update of step STEP (steps are "
                              "counted from 1 over the whole run, as the logs and ftcomm-report count them)")
@@ -71,6 +75,7 @@ from ftcomm.torch import ZeroRedundancyOptimizer  # noqa: E402 (ftcomm; was torc
 def main():
     args = ARGS
 
+    device = training_device(args.device, "zero_train.py")
     dist.init_process_group("ftcomm")  # ftcomm (was "gloo")
     rank = dist.get_rank()
     if args.kill and not ftcomm.fault.can_recover("--kill"):
@@ -85,7 +90,7 @@ def main():
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
     ddp_model = DDP(model)
     optimizer = ZeroRedundancyOptimizer(ddp_model.parameters(), torch.optim.AdamW, lr=args.lr,
                                         weight_decay=1e-4, replicas=args.replicas)  # ftcomm: replicas
@@ -109,6 +114,7 @@ def main():
             if args.crash_node and args.crash_node.endswith(f"@{step}"):  # demo only
                 crash_node(args.crash_node.split("@")[0], loader, step)
             optimizer.zero_grad()
+            xb, yb = xb.to(device), yb.to(device)
             loss = loss_fn(ddp_model(xb), yb)
             loss.backward()
             optimizer.step()
@@ -122,7 +128,7 @@ def main():
 
     ddp_model.eval()
     with torch.no_grad():
-        accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        accuracy = (model(x_test.to(device)).argmax(1).cpu() == y_test).float().mean().item()
     if dist.get_rank() == 0:
         print(f"test accuracy: {accuracy:.4f}", flush=True)
         if args.result_json:
@@ -130,6 +136,8 @@ def main():
                 json.dump({"accuracy": accuracy, "world_size": dist.get_world_size(),
                            "steps": loader.steps_applied, "redone_steps": loader.steps_redone, "joined": loader.joined,
                            "seconds": time.perf_counter() - start, "first_rank": rank,
+                           "device": str(device), "data_plane": dist.group.WORLD.data_plane.name,
+                           "shard_on_device": optimizer.sharded.device is not None,
                            "shard_bytes": optimizer.sharded.shard_bytes,
                            "replica_bytes": optimizer.sharded.store.nbytes,
                            "rebuild": optimizer.last_rebuild and {k: v for k, v in optimizer.last_rebuild.items()

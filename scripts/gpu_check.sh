@@ -133,9 +133,13 @@ GPUS=0
 [ "$DRY_RUN" = 0 ] && GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 say "GPUs: $GPUS"
 if [ "$GPUS" -ge 2 ]; then
-  # One GPU per rank: the NCCL plane at 2 ranks, a rank killed in step 30, and its step time.
+  # One GPU per rank: the NCCL plane at 2 ranks, a rank killed in step 30 (DDP, and DDP + ZeRO),
+  # and its step time.
   FTCOMM_DATA_PLANE=nccl run ddp_train_nccl_kill 240 "$PY" -m ftcomm.launch -n 2 --timeout 230 \
     "$PY" examples/ddp_train.py --device cuda --kill 1@30 --epochs 3 --result-json "$OUT/ddp_train_nccl_kill.json"
+  # ZeRO on the NCCL plane: the shard's state on the GPU, its parameter allgather on NCCL.
+  FTCOMM_DATA_PLANE=nccl run zero_train_nccl_kill 240 "$PY" -m ftcomm.launch -n 2 --timeout 230 \
+    "$PY" examples/zero_train.py --device cuda --kill 1@30 --epochs 3 --result-json "$OUT/zero_train_nccl_kill.json"
   FTCOMM_DATA_PLANE=nccl run bench_nccl_plane 240 "$PY" -m ftcomm.launch -n 2 --timeout 230 \
     "$PY" tests/gpu/bench_gpu.py nccl_plane "$OUT/nccl_plane_bench_n2.json"
 else
@@ -174,6 +178,7 @@ summary = {
     "allreduce_target_met": all(a and a["min_ratio"] >= 1.0 for a in ar),
     "kernel": kernel, "allreduce": ar, "backends": load("backends_bench_n4.json"),
     "nccl_plane": load("nccl_plane_bench_n2.json"), "ddp_train_nccl_kill": load("ddp_train_nccl_kill.json"),
+    "zero_train_nccl_kill": load("zero_train_nccl_kill.json"),
 }
 targets_met = dry_run or (summary["kernel_target_met"] and summary["allreduce_target_met"])
 summary["all_ok"] = all(v == "ok" for v in phases.values()) and targets_met

@@ -59,16 +59,17 @@ def test_a_malformed_kill_is_refused_once(poisoned_path):
     assert res.returncode == 2 and res.stderr.count("expected RANK@STEP") == 1, res.stderr
 
 
-def test_ddp_train_on_cuda_without_a_device_says_so_once(tmp_path):
+@pytest.mark.parametrize("script", ["ddp_train.py", "zero_train.py"])
+def test_training_on_cuda_without_a_device_says_so_once(tmp_path, script):
     """--device cuda where torch sees no CUDA device: one message, every rank exits with status 2."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     res = subprocess.run([sys.executable, "-m", "ftcomm.launch", "-n", "2", "--timeout", "120", sys.executable,
-                          str(REPO / "examples" / "ddp_train.py"), "--device", "cuda", "--log-dir", str(tmp_path)],
+                          str(REPO / "examples" / script), "--device", "cuda", "--log-dir", str(tmp_path)],
                          capture_output=True, text=True, env=job_environment(), timeout=180, cwd=REPO,
                          stdin=subprocess.DEVNULL)
     assert res.returncode == 2, res.stderr
-    assert res.stderr.count("--device cuda needs a CUDA device, and torch") == 1, res.stderr
+    assert res.stderr.count(f"{script}: --device cuda needs a CUDA device, and torch") == 1, res.stderr
     assert "Traceback" not in res.stderr
