@@ -214,6 +214,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._engine.apply_gradients()
         except _FAILURES as exc:
             self._recover_from(exc)
+            # The device parameters are the rebuilt ones (_follow_group), or, while a spare is on
+            # its way, still the last committed step's: the step wrote only the host copies.
+            return loss
         shard = self._engine.device
         if shard is not None and shard.holds_committed_params:
             shard.params_from_gathered()  # the step allgathered them on the device
