@@ -95,15 +95,7 @@ class FakeTorchDevice:
         for, or when a copy started after it needs it, so that a missing ``wait`` reads the old
         values."""
         self._log("to_host_async")
-        after = self._side_stream_tail
-
-        def copy():
-            for earlier in after:
-                earlier.join()
-            host.copy_(t)
-            self._log("copied to the host")
-
-        self._side_stream_tail = [_CopyWhenWaited(copy)]
+        self._side_stream_tail = [_CopyWhenWaited(self._queued_copy(t, host, "copied to the host", 0.0))]
         return self._side_stream_tail
 
     def copy_on_device(self, pairs: list) -> None:
@@ -114,19 +106,24 @@ class FakeTorchDevice:
     def _copy_later(self, t, host, what: str) -> list:
         """``host.copy_(t)`` on a thread, ``copy_delay`` seconds after the copy started before it
         has landed (one side stream, in order)."""
+        thread = threading.Thread(target=self._queued_copy(t, host, what, self.copy_delay), daemon=True)
+        thread.start()
+        self._side_stream_tail = [thread]
+        return [thread]
+
+    def _queued_copy(self, t, host, what: str, delay: float):
+        """The copy of ``t`` into ``host`` queued on the side stream now: it lands ``delay``
+        seconds after the copy queued before it has landed."""
         after = self._side_stream_tail
 
         def copy():
             for earlier in after:
                 earlier.join()
-            time.sleep(self.copy_delay)
+            time.sleep(delay)
             host.copy_(t)
             self._log(what)
 
-        thread = threading.Thread(target=copy, daemon=True)
-        thread.start()
-        self._side_stream_tail = [thread]
-        return [thread]
+        return copy
 
 
 class _CopyWhenWaited:

@@ -81,7 +81,6 @@ class DeviceShard:
         self.gathered: torch.Tensor | None = None  # (padded numel,), the step's allgathered parameters
         self._gathered_memory: torch.Tensor | None = None
         self.holds_committed_params = False  # whether ``gathered`` holds the last committed step's
-        self._gathered_this_step = False
         self._params_copied = self._state_copied = self._gathered_copied = None
 
     def adopt(self, live: np.ndarray) -> None:
@@ -120,7 +119,7 @@ class DeviceShard:
         scalars (see ``ShardStepper.update``)."""
         # no marker of an earlier step may stand for this one
         self._params_copied = self._state_copied = self._gathered_copied = None
-        self.holds_committed_params = self._gathered_this_step = False  # the step overwrites ``gathered``
+        self.holds_committed_params = False  # the step overwrites ``gathered``
         after = stepper.update(self.live, self.grad, self.staging, start, scalars)
         self._params_copied, self._state_copied = device.ops.shard_to_host(self.staging, torch.from_numpy(host_staging))
         return after
@@ -146,7 +145,6 @@ class DeviceShard:
         host flat parameters ``flat`` (page-locked), after the shard's copies; ``wait_state``
         waits for it."""
         self._gathered_copied = device.ops.to_host_async(self.gathered, torch.from_numpy(flat))
-        self._gathered_this_step = True
 
     def wait_state(self) -> None:
         """Returns once the whole new shard, and the allgathered parameters if they were
@@ -160,7 +158,7 @@ class DeviceShard:
         the device, if it did, are the committed ones (``params_from_gathered``)."""
         self.live, self.staging = self.staging, self.live
         self._memory[0], self._memory[1] = self._memory[1], self._memory[0]
-        self.holds_committed_params = self._gathered_this_step
+        self.holds_committed_params = self._gathered_copied is not None  # this step gathered on the device
 
     def params_from_gathered(self) -> None:
         """The committed parameters, allgathered on the device, into the device parameters,
