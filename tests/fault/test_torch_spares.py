@@ -17,6 +17,8 @@ N, SAMPLES, BATCH, EPOCHS = 4, 384, 8, 2
 STEPS_PER_EPOCH = SAMPLES // (N * BATCH)  # 12: no padding, so a re-split over 4 deals the same samples
 JOB = JOBS / "torch_spares_train.py"
 FIRST_KILL = "rank=2,point=reduce_scatter,step=6,kind=kill"  # world rank 2, in iteration 6
+# a gradient bucket's fault point: ftcomm's ring, or the inner gloo group (FTCOMM_DATA_PLANE=gloo)
+PLANE_POINT = {"ring": "reduce_scatter", "gloo": "data_plane"}
 
 
 def run(spares: int, fault: str | None = None, *args, ftcomm_timeout: float = 30, env: dict | None = None):
@@ -80,7 +82,7 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(samples, plane):
     victim, spare = 2, N
     steps_per_epoch = -(-(-(-samples // N)) // BATCH)  # ceil(ceil(samples / N) / BATCH)
     reference = failure_free(samples, plane)
-    point = "data_plane" if plane == "gloo" else "reduce_scatter"
+    point = PLANE_POINT[plane]
     job = run(1, f"rank={victim},point={point},step=6,kind=kill", "--samples", samples,
               env={"FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
@@ -139,7 +141,7 @@ def on_planes(cases: list, default_on_gloo: tuple = ()) -> list:
     for case in cases:
         fault, *rest = case.values
         out.append(pytest.param("ring", fault, *rest, id=f"ring-{case.id}"))
-        out.append(pytest.param("gloo", fault.replace("point=reduce_scatter", "point=data_plane"), *rest,
+        out.append(pytest.param("gloo", fault.replace("point=reduce_scatter", f"point={PLANE_POINT['gloo']}"), *rest,
                                 id=f"gloo-{case.id}", marks=() if case.id in default_on_gloo else pytest.mark.matrix))
     return out
 
@@ -197,6 +199,32 @@ def test_newcomer_lost_with_no_spare_left_shrinks(plane, fault, args, env, redon
         assert rep["redone"] == redone
     if env:  # never arrived: fenced
         assert f"fencing world rank {N}" in job.stderr
+    check_same_state(finals)
+    check_every_sample_once(job)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("plane", ["ring", pytest.param("gloo", marks=pytest.mark.matrix)])
+def test_survivor_lost_in_the_hand_over_with_no_spare_left_shrinks(plane):
+    # World rank 1 dies in the hand-over to the only spare: the group shrinks to the two survivors
+    # and the newcomer (world rank 4, now rank 1 of 3, promoted into a group of 4). All three must
+    # deal the later epochs over 3 ranks: a newcomer whose sampler still counted 4 ranks ran 12 of
+    # the 16 steps of epoch 1, left early, and the survivors shrank again without it.
+    job = run(1, f"{FIRST_KILL.replace('reduce_scatter', PLANE_POINT[plane])};rank=1,point=join,kind=kill",
+              env={"FTCOMM_DATA_PLANE": plane})
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [0, 3, N], job.describe()
+    assert finals[N]["joined"] and finals[N]["rank"] == 1
+    for w in (0, 3):
+        assert finals[w]["recoveries"] == [[[2], N, N, "spares", [2]], [[1], N, N - 1, "shrink", []]]
+    assert finals[N]["recoveries"] == [[[1], N, N - 1, "shrink", []]]
+    # epoch 0: 6 steps over 4 ranks, then the other 192 samples over 3 (8 steps); epoch 1: 16
+    steps = 6 + (SAMPLES - 6 * N * BATCH) // ((N - 1) * BATCH) + SAMPLES // ((N - 1) * BATCH)
+    for rep in finals.values():
+        assert rep["size"] == N - 1 and rep["sampler"] == [rep["rank"], N - 1]
+        assert rep["applied"] == steps and rep["redone"] == 1
     check_same_state(finals)
     check_every_sample_once(job)
 

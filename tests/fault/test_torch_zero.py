@@ -193,6 +193,30 @@ def test_kill_with_a_spare_ends_where_the_failure_free_run_ends(plane, phase):
 
 
 @pytest.mark.fault
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("plane", ["ring", pytest.param("gloo", marks=pytest.mark.matrix)])
+def test_survivor_lost_in_the_hand_over_with_no_spare_left(plane):
+    # World rank 2 dies in backward and the only spare takes its place; world rank 0 (the store's
+    # host, the hand-over's root) dies in the hand-over. The group shrinks to the two survivors
+    # and the newcomer, which takes the shards over 3 ranks and deals the rest of the run as they
+    # do: 6 steps over 4 ranks, the other 192 samples of epoch 0 over 3 (8 steps), epoch 1 (16).
+    fault = f"rank=2,point={BACKWARD_POINT[plane]},step=6,kind=kill;rank=0,point=join,kind=kill"
+    job = run_job(JOBS / "torch_zero.py", 4, "--mode", "kill", timeout=200, launcher_args=("--spares", "1"),
+                  env={"FTCOMM_FAULT": fault, "FTCOMM_TIMEOUT": "30", "FTCOMM_DATA_PLANE": plane})
+    assert job.returncode == 0, job.describe()
+    finals = job.by_rank(kind="final")
+    assert sorted(finals) == [1, 3, 4], job.describe()
+    assert finals[4]["rank"] == 1
+    for rep in finals.values():
+        assert rep["size"] == 3 and rep["applied"] == 6 + 8 + 16 and rep["redone"] == 1, rep
+    voided = [r for r in job.reports if r["kind"] == "voided"]
+    assert len(voided) == 2 and all(r["equal"] for r in voided), voided
+    assert len({rep["params"] for rep in finals.values()}) == 1, "parameters differ"
+    assert len({rep["state"] for rep in finals.values()}) == 1, "optimizer states differ"
+    _check_replicas_equal_their_owners(finals)
+
+
+@pytest.mark.fault
 @pytest.mark.timeout(120)
 def test_bad_input_is_refused_on_every_rank():
     n = 3

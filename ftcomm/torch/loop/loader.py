@@ -371,6 +371,9 @@ class ResilientLoader:
         else:  # a newcomer's first pass, or a resumed run's: the remaining samples of this epoch
             saved = resume["plan"] or resplit.sampler_plan_at(sampler, resume["plan_size"])
             plan = resplit.carry_on(saved, resume["used"], pg.size(), drop_last=sampler.drop_last)
+            # Later epochs read the sampler: a newcomer built it for the size it was promoted
+            # into, which a failure inside the hand-over may have shrunk since.
+            resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
             it = self._iter_keeping_rng(plan, pg.rank())
         plan_size = pg.size()
         used = 0             # batches of the current plan whose step was applied
