@@ -66,6 +66,26 @@ def test_resume_at_another_world_size_is_the_checkpoint_bitwise_and_uses_each_sa
     assert _one(res, event="done")["steps"] == 12 + steps_left
 
 
+def test_a_checkpoint_at_the_end_of_an_epoch_of_uneven_lists_resumes_at_the_next_epoch(tmp_path):
+    # 385 samples at 4 ranks, world rank 3 killed in step 4: the other 289 of epoch 0 are dealt over
+    # 3 ranks (lists of 97, 96, 96: 12 steps, the first rank's last batch of 9), so step 15 ends the
+    # epoch. Its checkpoint resumed at 2 ranks goes on with epoch 1; counting the 9-sample batch as
+    # 8 left one sample to deal, and a 16th step read it on both ranks.
+    ckpt, common = tmp_path / "ckpt", ("--optimizer", "ddp", "--samples", 385, "--every", 15)
+    first = _run(4, ckpt, *common, "--stop-at", 15, fault="rank=3,point=reduce_scatter,step=3,kind=kill")
+    assert checkpoint.complete_steps(ckpt) == [15]
+    res = _run(2, ckpt, *common)
+    # (not _one: the ranks' RNG states differ, as the 9-sample batch drew more dropout numbers)
+    resumed = res.by_rank(event="resumed")
+    assert sorted(resumed) == [0, 1], res.describe()
+    assert {(r["step"], r["hash"]) for r in resumed.values()} == {(15, _one(first, event="state", step=15)["hash"])}
+    epoch0 = _ids(first, 0) + _ids(res, 0)
+    assert sorted(epoch0) == list(range(385)) and set(epoch0.values()) == {1}, epoch0.most_common(3)
+    epoch1 = _ids(res, 1)  # over 2 ranks: the sampler pads 385 to 386, repeating one sample
+    assert sorted(epoch1) == list(range(385)) and sum(epoch1.values()) == 386, epoch1.most_common(3)
+    assert _one(res, event="done")["steps"] == 15 + math.ceil(386 / 2 / 8)
+
+
 @pytest.mark.parametrize("optimizer", ["zero", "ddp"])
 def test_resume_at_the_same_world_size_reads_and_draws_as_the_run_without_a_stop(stopped_at_12, tmp_path, optimizer):
     whole = _run(3, tmp_path / "whole", "--optimizer", optimizer)

@@ -155,6 +155,20 @@ def test_carry_on_keeps_each_ranks_tail_at_the_same_size():
     assert resplit.carry_on(plan, 1, 3) == resplit.deal([4, 5, 6, 7, 8, 9], 3) == [[4, 7], [5, 8], [6, 9]]
 
 
+def test_a_pass_read_to_its_end_leaves_nothing_to_carry_on():
+    # 289 samples over 3 ranks: lists of 97, 96, 96, cut into 12 batches of 8, the first rank's
+    # last one of 9. After the 12th step nothing is left, though 12 * 8 = 96 < 97.
+    plan = resplit.deal(list(range(289)), 3)
+    steps = resplit.steps_for(plan, 8)
+    assert steps == 12 and len(resplit.batches(plan[0], 8, steps)[-1]) == 9
+    read = resplit.entries_read(steps, steps, 8, max(len(lst) for lst in plan))
+    assert read == 97 and resplit.carry_on(plan, read, 2) == [[], []]
+    # before the last step: full batches, and the rest carries on, every sample once
+    read = resplit.entries_read(11, steps, 8, 97)
+    assert read == 88 and sorted(sum(resplit.carry_on(plan, read, 2), [])) == sorted(
+        i for lst in plan for i in lst[88:])
+
+
 def test_remaining_and_deal():
     plan = [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
     rest = resplit.remaining(plan, 1)

@@ -327,14 +327,27 @@ class ResilientLoader:
                 "for epoch in loader.epochs(E): for batch in loader: ... (docs/TORCH.md, Spares)")
         return True
 
+    def _steps_over(self, plan) -> int:
+        """Steps of a pass over ``plan`` (every rank runs as many), or, with None, over the
+        sampler's own split (the loader's length)."""
+        if plan is None:
+            return len(self.loader)
+        return resplit.steps_for(plan, self.loader.batch_size, drop_last=self.loader.drop_last)
+
+    def _entries_read(self, plan, used: int) -> int:
+        """How many entries of its list of ``plan`` (None: the sampler's own split) each rank has
+        read after ``used`` applied steps: what a re-split, a hand-over, the warm tier and a
+        checkpoint record as used."""
+        longest = self.loader.sampler.num_samples if plan is None else max(len(lst) for lst in plan)
+        return resplit.entries_read(used, self._steps_over(plan), self.loader.batch_size, longest)
+
     def _loader_over(self, plan, rank: int):
         """A DataLoader over this rank's part of ``plan``, in as many batches as every other rank
         runs (``resplit.batches``), with the original loader's settings."""
         from torch.utils.data import DataLoader
 
         src = self.loader
-        steps = resplit.steps_for(plan, src.batch_size, drop_last=src.drop_last)
-        kwargs = dict(batch_sampler=resplit.batches(plan[rank], src.batch_size, steps),
+        kwargs = dict(batch_sampler=resplit.batches(plan[rank], src.batch_size, self._steps_over(plan)),
                       num_workers=src.num_workers, collate_fn=src.collate_fn, pin_memory=src.pin_memory,
                       timeout=src.timeout, worker_init_fn=src.worker_init_fn, generator=src.generator)
         if src.num_workers > 0:
@@ -363,7 +376,6 @@ class ResilientLoader:
             raise ValueError("ftcomm.torch.resilient with checkpoint_dir needs a DataLoader with a DistributedSampler "
                              "and a batch_size, iterated as `for epoch in loader.epochs(E): for batch in loader:` "
                              "(a checkpoint records the epoch and how much of it was used)")
-        batch_size = self.loader.batch_size
         resume, self._resume = self._resume, None
         if resume is None:
             plan = None      # None: the sampler's own split of its current epoch
@@ -423,7 +435,7 @@ class ResilientLoader:
                     runtime.note_committed(self.steps_applied)
                     if warm or self._checkpoints is not None:  # both need a batch_size (checked above)
                         loader_state = {"epoch": self.epoch, "plan": plan, "plan_size": plan_size,
-                                        "used": used * batch_size, "steps_applied": self.steps_applied,
+                                        "used": self._entries_read(plan, used), "steps_applied": self.steps_applied,
                                         "steps_redone": self.steps_redone}
                     if warm:
                         self._memory.at_step(loader_state, pg.comm)
@@ -434,12 +446,13 @@ class ResilientLoader:
                         redo = batch
                     continue
                 if can_resplit:  # the world changed during this step
+                    read = self._entries_read(plan, used)
                     if plan is None:
                         plan = resplit.sampler_plan(sampler, plan_size)
                     if pg.awaiting_join:
-                        self._hand_over(pg, {"epoch": self.epoch, "plan": plan, "used": used * batch_size,
+                        self._hand_over(pg, {"epoch": self.epoch, "plan": plan, "used": read,
                                              "steps_applied": self.steps_applied, "steps_redone": self.steps_redone})
-                    plan = resplit.carry_on(plan, used * batch_size, pg.size(), drop_last=sampler.drop_last)
+                    plan = resplit.carry_on(plan, read, pg.size(), drop_last=sampler.drop_last)
                     plan_size, used = pg.size(), 0
                     resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
                     it = self._iter_keeping_rng(plan, pg.rank())

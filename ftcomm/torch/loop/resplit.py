@@ -3,7 +3,8 @@
 An epoch plan is the list of dataset indices each rank reads, in order, one list per rank (what
 ``DistributedSampler`` gives every rank: lists of one length). After ``consumed`` steps of
 ``batch_size`` samples were applied, each rank has used the first ``consumed * batch_size``
-indices of its list; the rest, interleaved in the sampler's global order, is dealt again over
+indices of its list, or all of it once the pass is over (``entries_read``: a last batch may hold
+one more); the rest, interleaved in the sampler's global order, is dealt again over
 the new number of ranks, each sample exactly once: the new lists may differ in length by one,
 and ``batches`` cuts every rank's list into the same number of batches, so that every rank runs
 the same number of steps (DDP needs that).
@@ -104,6 +105,15 @@ def steps_for(plan: list[list[int]], batch_size: int, drop_last: bool = False) -
     counts, unless ``drop_last``)."""
     shortest = min((len(lst) for lst in plan), default=0)
     return shortest // batch_size if drop_last else -(-shortest // batch_size)
+
+
+def entries_read(steps_done: int, steps: int, batch_size: int, longest: int) -> int:
+    """How many entries of its list every rank has read after ``steps_done`` of the ``steps``
+    batches ``batches`` cut: full batches until the last one; once every step ran, each rank has
+    read its whole list (``longest``: the longest list's length), although the rank whose last
+    batch held one entry more read more than ``steps * batch_size``, and a tail that the loader
+    dropped (``drop_last``) ends with its epoch too."""
+    return longest if steps_done >= steps else steps_done * batch_size
 
 
 def reconfigure_sampler(sampler, rank: int, num_replicas: int) -> None:
