@@ -108,11 +108,11 @@ def steps_for(plan: list[list[int]], batch_size: int, drop_last: bool = False) -
 
 
 def entries_read(steps_done: int, steps: int, batch_size: int, longest: int) -> int:
-    """How many entries of its list every rank has read after ``steps_done`` of the ``steps``
-    batches ``batches`` cut: full batches until the last one; once every step ran, each rank has
-    read its whole list (``longest``: the longest list's length), although the rank whose last
-    batch held one entry more read more than ``steps * batch_size``, and a tail that the loader
-    dropped (``drop_last``) ends with its epoch too."""
+    """How many entries of its list each rank has read after ``steps_done`` of the ``steps``
+    batches its list was cut into: ``steps_done`` full batches before the last step; after it the
+    whole list (``longest``: the longest list's length). The last batch takes what is left, which
+    on some ranks is one entry more than ``batch_size``; a tail the loader dropped (``drop_last``)
+    ends with the pass too."""
     return longest if steps_done >= steps else steps_done * batch_size
 
 
