@@ -169,6 +169,25 @@ def test_a_pass_read_to_its_end_leaves_nothing_to_carry_on():
         i for lst in plan for i in lst[88:])
 
 
+def test_a_drop_last_loader_resumed_at_the_same_size_reads_the_batches_it_would_have_read():
+    # 385 samples over 4 ranks (97 each) in batches of 8 with drop_last: 12 batches, 1 left out.
+    # Carried on after 5 steps, every rank reads its 7 remaining batches of 8 and leaves out the same
+    # one (the last batch taking what is left would have made it 9).
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    data = list(range(385))
+    sampler = DistributedSampler(data, num_replicas=4, rank=0, shuffle=True, seed=3)
+    plan = resplit.sampler_plan(sampler, 4)
+    steps = resplit.steps_for(plan, 8, drop_last=True)
+    carried = resplit.carry_on(plan, resplit.entries_read(5, steps, 8, 97), 4)
+    later = resplit.steps_for(carried, 8, drop_last=True)
+    for rank in range(4):
+        sampler.rank = rank
+        whole = [b.tolist() for b in DataLoader(data, batch_size=8, sampler=sampler, drop_last=True)]
+        assert len(whole) == steps == 12
+        assert resplit.batches(carried[rank], 8, later, drop_last=True) == whole[5:]
+
+
 def test_remaining_and_deal():
     plan = [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
     rest = resplit.remaining(plan, 1)

@@ -347,7 +347,8 @@ class ResilientLoader:
         from torch.utils.data import DataLoader
 
         src = self.loader
-        kwargs = dict(batch_sampler=resplit.batches(plan[rank], src.batch_size, self._steps_over(plan)),
+        kwargs = dict(batch_sampler=resplit.batches(plan[rank], src.batch_size, self._steps_over(plan),
+                                                    drop_last=src.drop_last),
                       num_workers=src.num_workers, collate_fn=src.collate_fn, pin_memory=src.pin_memory,
                       timeout=src.timeout, worker_init_fn=src.worker_init_fn, generator=src.generator)
         if src.num_workers > 0:

@@ -89,12 +89,15 @@ def deal(indices: list[int], num_replicas: int, drop_last: bool = False) -> list
     return [dealt[q::num_replicas] for q in range(num_replicas)]
 
 
-def batches(indices: list[int], batch_size: int, steps: int) -> list[list[int]]:
+def batches(indices: list[int], batch_size: int, steps: int, drop_last: bool = False) -> list[list[int]]:
     """``indices`` cut into ``steps`` batches of ``batch_size`` in order, the last one taking what
     is left (possibly one more than ``batch_size``, when this rank's list is one longer than
-    another's that fills ``steps`` batches exactly)."""
+    another's that fills ``steps`` batches exactly). ``drop_last`` (the DataLoader's): every
+    batch holds ``batch_size``, and what is left after ``steps`` of them is not read."""
     if steps <= 0:
         return []
+    if drop_last:
+        return [indices[k * batch_size:(k + 1) * batch_size] for k in range(steps)]
     out = [indices[k * batch_size:(k + 1) * batch_size] for k in range(steps - 1)]
     out.append(indices[(steps - 1) * batch_size:])
     return out
