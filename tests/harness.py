@@ -71,11 +71,11 @@ def cross_entropy_backward(model, opt, x, y, batch) -> float:
     return loss.item()
 
 
-def ddp_toy_data(samples: int, batch: int):
+def ddp_toy_data(samples: int, batch: int, drop_last: bool = False):
     """Called inside a torch job: the two DDP jobs' data, the same on every rank (seeded): X
     (samples x 16 float32), Y (4 classes, a linear rule), and a DataLoader of (x, y, sample id)
-    with a shuffling DistributedSampler (seed 3) and ``batch`` samples per rank. Returns
-    (X, Y, sampler, loader)."""
+    with a shuffling DistributedSampler (seed 3) and ``batch`` samples per rank (``drop_last``:
+    the DataLoader's). Returns (X, Y, sampler, loader)."""
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -84,7 +84,7 @@ def ddp_toy_data(samples: int, batch: int):
     y = (x @ torch.randn(16, 4)).argmax(1)
     dataset = TensorDataset(x, y, torch.arange(samples))
     sampler = DistributedSampler(dataset, shuffle=True, seed=3)
-    return x, y, sampler, DataLoader(dataset, batch_size=batch, sampler=sampler)
+    return x, y, sampler, DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=drop_last)
 
 
 @dataclass

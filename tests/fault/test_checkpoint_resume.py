@@ -86,6 +86,18 @@ def test_a_checkpoint_at_the_end_of_an_epoch_of_uneven_lists_resumes_at_the_next
     assert _one(res, event="done")["steps"] == 15 + math.ceil(386 / 2 / 8)
 
 
+def test_a_drop_last_loader_resumed_at_the_same_size_reads_the_batches_of_the_run_without_a_stop(tmp_path):
+    # 385 samples at 4 ranks: 97 per rank, 12 batches of 8 and one sample left out per epoch
+    args = ("--optimizer", "ddp", "--samples", 385, "--drop-last", "--every", 5)
+    whole = _run(4, tmp_path / "whole", *args)
+    _run(4, tmp_path / "ckpt", *args, "--stop-at", 5)
+    res = _run(4, tmp_path / "ckpt", *args)
+    assert {r["step"] for r in res.by_rank(event="resumed").values()} == {5}
+    assert _one(res, event="done")["steps"] == _one(whole, event="done")["steps"] == 24
+    for step in range(6, 25):  # the same batches of 8 on every rank; the left-out samples stay out
+        assert res.by_rank(event="used", step=step) == whole.by_rank(event="used", step=step), step
+
+
 @pytest.mark.parametrize("optimizer", ["zero", "ddp"])
 def test_resume_at_the_same_world_size_reads_and_draws_as_the_run_without_a_stop(stopped_at_12, tmp_path, optimizer):
     whole = _run(3, tmp_path / "whole", "--optimizer", optimizer)

@@ -48,6 +48,7 @@ p.add_argument("--sync-writes", action="store_true")
 p.add_argument("--final-checkpoint", action="store_true")
 p.add_argument("--samples", type=int, default=480)
 p.add_argument("--batch", type=int, default=8)
+p.add_argument("--drop-last", action="store_true", help="the DataLoader drops each rank's last partial batch")
 p.add_argument("--log", help="the loop's event log goes here (rank{rank}.jsonl)")
 p.add_argument("--kill-node", help="NODE@STEP: on the first launch, at the start of step STEP, the node's daemon "
                                    "and ranks are SIGKILLed (a node crash; under --fake-nodes)")
@@ -55,7 +56,7 @@ p.add_argument("--kill-record", help="DIR: the crashing ranks write their kill r
 args = p.parse_args()
 
 dist.init_process_group("ftcomm")
-_, _, sampler, loader = ddp_toy_data(args.samples, args.batch)
+_, _, sampler, loader = ddp_toy_data(args.samples, args.batch, args.drop_last)
 torch.manual_seed(1)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 4))
 ddp = DDP(model)
