@@ -18,6 +18,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
+# Where a DDP gradient bucket meets an FTCOMM_FAULT on each torch data plane: ftcomm's ring (its
+# reduce-scatter) or an inner gloo group under ftcomm's control plane (FTCOMM_DATA_PLANE=gloo).
+BUCKET_POINT = {"ring": "reduce_scatter", "gloo": "data_plane"}
 _TAG = "FTCOMM-REPORT "
 # A report longer than this goes out in parts, each line written whole by one write(): MPICH's
 # mpiexec interleaves the ranks' output at the size of a pipe write, not at lines (a line over

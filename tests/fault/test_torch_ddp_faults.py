@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from harness import JOBS, REPO, run_job
+from harness import BUCKET_POINT, JOBS, REPO, run_job
 
 pytest.importorskip("torch")
 
@@ -46,7 +46,7 @@ def test_collectives_and_ddp_gradients_match_gloo():
 # (kill, exit, hang, stop on both planes) with ``pytest -m matrix``.
 PLANES = [("ring", "reduce_scatter", "kill", 2), ("gloo", "data_plane", "kill", 2), ("gloo", "data_plane", "stop", 2),
           ("gloo", "data_plane", "stop", 0), ("gloo", "data_plane", "hang", 2)]
-MATRIX = [(plane, point, kind, 2) for plane, point in (("ring", "reduce_scatter"), ("gloo", "data_plane"))
+MATRIX = [(plane, point, kind, 2) for plane, point in BUCKET_POINT.items()
           for kind in ("kill", "exit", "hang", "stop") if (plane, point, kind, 2) not in PLANES]
 
 

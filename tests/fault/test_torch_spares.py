@@ -9,7 +9,7 @@ import collections
 import numpy as np
 import pytest
 
-from harness import JOBS, run_job
+from harness import BUCKET_POINT, JOBS, run_job
 
 pytest.importorskip("torch")
 
@@ -17,8 +17,6 @@ N, SAMPLES, BATCH, EPOCHS = 4, 384, 8, 2
 STEPS_PER_EPOCH = SAMPLES // (N * BATCH)  # 12: no padding, so a re-split over 4 deals the same samples
 JOB = JOBS / "torch_spares_train.py"
 FIRST_KILL = "rank=2,point=reduce_scatter,step=6,kind=kill"  # world rank 2, in iteration 6
-# a gradient bucket's fault point: ftcomm's ring, or the inner gloo group (FTCOMM_DATA_PLANE=gloo)
-PLANE_POINT = {"ring": "reduce_scatter", "gloo": "data_plane"}
 
 
 def run(spares: int, fault: str | None = None, *args, ftcomm_timeout: float = 30, env: dict | None = None):
@@ -82,7 +80,7 @@ def test_spare_takes_the_dead_ranks_place_in_ddp(samples, plane):
     victim, spare = 2, N
     steps_per_epoch = -(-(-(-samples // N)) // BATCH)  # ceil(ceil(samples / N) / BATCH)
     reference = failure_free(samples, plane)
-    point = PLANE_POINT[plane]
+    point = BUCKET_POINT[plane]
     job = run(1, f"rank={victim},point={point},step=6,kind=kill", "--samples", samples,
               env={"FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
@@ -141,7 +139,7 @@ def on_planes(cases: list, default_on_gloo: tuple = ()) -> list:
     for case in cases:
         fault, *rest = case.values
         out.append(pytest.param("ring", fault, *rest, id=f"ring-{case.id}"))
-        out.append(pytest.param("gloo", fault.replace("point=reduce_scatter", f"point={PLANE_POINT['gloo']}"), *rest,
+        out.append(pytest.param("gloo", fault.replace("point=reduce_scatter", f"point={BUCKET_POINT['gloo']}"), *rest,
                                 id=f"gloo-{case.id}", marks=() if case.id in default_on_gloo else pytest.mark.matrix))
     return out
 
@@ -211,7 +209,7 @@ def test_survivor_lost_in_the_hand_over_with_no_spare_left_shrinks(plane):
     # and the newcomer (world rank 4, now rank 1 of 3, promoted into a group of 4). All three must
     # deal the later epochs over 3 ranks: a newcomer whose sampler still counted 4 ranks ran 12 of
     # the 16 steps of epoch 1, left early, and the survivors shrank again without it.
-    job = run(1, f"{FIRST_KILL.replace('reduce_scatter', PLANE_POINT[plane])};rank=1,point=join,kind=kill",
+    job = run(1, f"{FIRST_KILL.replace('reduce_scatter', BUCKET_POINT[plane])};rank=1,point=join,kind=kill",
               env={"FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
     finals = job.by_rank(kind="final")

@@ -9,7 +9,7 @@ rounding); bad input refused on every rank."""
 import numpy as np
 import pytest
 
-from harness import JOBS, run_job
+from harness import BUCKET_POINT, JOBS, run_job
 
 pytest.importorskip("torch")
 
@@ -48,18 +48,14 @@ def test_matches_torch_zero_over_gloo(optimizer):
     assert head["torch_loads_it"], head
 
 
-# Where backward's gradient buckets meet the fault on each data plane: ftcomm's ring (its
-# reduce-scatter) or an inner gloo group under ftcomm's control plane (FTCOMM_DATA_PLANE=gloo),
-# which also carries the parameter allgather.
-BACKWARD_POINT = {"ring": "reduce_scatter", "gloo": "data_plane"}
 # (data plane, phase, how, the victim): by default every phase killed on the ring, and on the gloo
-# plane a kill in both of its collectives and a stopped rank (fenced) in the allgather, world rank
-# 0 too (it also serves the inner group's store); the whole plane x phase x (kill, exit, hang,
-# stop) matrix with ``pytest -m matrix``.
+# plane (which also carries the parameter allgather) a kill in both of its collectives and a
+# stopped rank (fenced) in the allgather, world rank 0 too (it also serves the inner group's
+# store); the whole plane x phase x (kill, exit, hang, stop) matrix with ``pytest -m matrix``.
 CELLS = [("ring", phase, "kill", 2) for phase in PHASES] + [
     ("gloo", "backward allreduce", "kill", 2), ("gloo", "parameter allgather", "kill", 2),
     ("gloo", "parameter allgather", "stop", 2), ("gloo", "parameter allgather", "stop", 0)]
-MATRIX = [(plane, phase, kind, 2) for plane in BACKWARD_POINT for phase in PHASES
+MATRIX = [(plane, phase, kind, 2) for plane in BUCKET_POINT for phase in PHASES
           for kind in ("kill", "exit", "hang", "stop") if (plane, phase, kind, 2) not in CELLS]
 
 
@@ -69,7 +65,7 @@ def _cell_id(cell) -> str:
 
 
 def _fault(victim: int, plane: str, phase: str, kind: str) -> str:
-    where = PHASES[phase].replace("reduce_scatter", BACKWARD_POINT[plane])
+    where = PHASES[phase].replace("reduce_scatter", BUCKET_POINT[plane])
     return f"rank={victim},{where},kind={kind}"
 
 
@@ -119,7 +115,7 @@ def test_kill_in_each_phase_rebuilds_the_committed_state(plane, phase, kind, vic
 
 @pytest.mark.fault
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("plane", BACKWARD_POINT)
+@pytest.mark.parametrize("plane", BUCKET_POINT)
 def test_a_second_rank_killed_in_the_rebuild(plane):
     # world rank 2 dies in step 5's allgather, world rank 3 in the rebuild that follows (of
     # committed step 4): with two replicas per shard both shards survive, and the rebuild starts
@@ -200,7 +196,7 @@ def test_survivor_lost_in_the_hand_over_with_no_spare_left(plane):
     # host, the hand-over's root) dies in the hand-over. The group shrinks to the two survivors
     # and the newcomer, which takes the shards over 3 ranks and deals the rest of the run as they
     # do: 6 steps over 4 ranks, the other 192 samples of epoch 0 over 3 (8 steps), epoch 1 (16).
-    fault = f"rank=2,point={BACKWARD_POINT[plane]},step=6,kind=kill;rank=0,point=join,kind=kill"
+    fault = f"rank=2,point={BUCKET_POINT[plane]},step=6,kind=kill;rank=0,point=join,kind=kill"
     job = run_job(JOBS / "torch_zero.py", 4, "--mode", "kill", timeout=200, launcher_args=("--spares", "1"),
                   env={"FTCOMM_FAULT": fault, "FTCOMM_TIMEOUT": "30", "FTCOMM_DATA_PLANE": plane})
     assert job.returncode == 0, job.describe()
