@@ -356,6 +356,17 @@ class ResilientLoader:
                           prefetch_factor=src.prefetch_factor)
         return DataLoader(src.dataset, **kwargs)
 
+    def _carry_on(self, pg, plan, read: int):
+        """Every rank's part of the rest of ``plan`` after each read ``read`` entries of its list,
+        over the group as it is now, and this rank's iterator over its part. The sampler is pointed
+        at the group's size and this rank, since later epochs read it. That covers a newcomer too:
+        it built its sampler for the size it was promoted into, which a failure inside the
+        hand-over may have shrunk since. Returns (the new plan, the iterator)."""
+        sampler = self.loader.sampler
+        plan = resplit.carry_on(plan, read, pg.size(), drop_last=sampler.drop_last)
+        resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
+        return plan, self._iter_keeping_rng(plan, pg.rank())
+
     def _iter_keeping_rng(self, plan, rank: int):
         """An iterator over this rank's part of ``plan`` that leaves torch's RNG as it was:
         ``iter(DataLoader)`` draws a seed from it, which the epoch's first iterator already did,
@@ -383,11 +394,7 @@ class ResilientLoader:
             it = iter(self.loader)
         else:  # a newcomer's first pass, or a resumed run's: the remaining samples of this epoch
             saved = resume["plan"] or resplit.sampler_plan_at(sampler, resume["plan_size"])
-            plan = resplit.carry_on(saved, resume["used"], pg.size(), drop_last=sampler.drop_last)
-            # Later epochs read the sampler: a newcomer built it for the size it was promoted
-            # into, which a failure inside the hand-over may have shrunk since.
-            resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
-            it = self._iter_keeping_rng(plan, pg.rank())
+            plan, it = self._carry_on(pg, saved, resume["used"])
         plan_size = pg.size()
         used = 0             # batches of the current plan whose step was applied
         generation = pg.generation
@@ -453,10 +460,8 @@ class ResilientLoader:
                     if pg.awaiting_join:
                         self._hand_over(pg, {"epoch": self.epoch, "plan": plan, "used": read,
                                              "steps_applied": self.steps_applied, "steps_redone": self.steps_redone})
-                    plan = resplit.carry_on(plan, read, pg.size(), drop_last=sampler.drop_last)
+                    plan, it = self._carry_on(pg, plan, read)
                     plan_size, used = pg.size(), 0
-                    resplit.reconfigure_sampler(sampler, pg.rank(), pg.size())
-                    it = self._iter_keeping_rng(plan, pg.rank())
                 elif skipped:
                     redo = batch
                 generation = pg.generation
